@@ -1,0 +1,228 @@
+"""Text formats: hermes tool calls, final-answer extraction, chat-template rendering of prompts and feedback.
+
+Tool calls use the hermes format that vLLM's ``--tool-call-parser hermes`` understands::
+
+    <tool_call>
+    {"name": "python", "arguments": {"code": "print(1 + 1)"}}
+    </tool_call>
+
+Parsing never raises: a call that cannot be understood comes back as a :class:`ParsedCall` with ``error`` set,
+which the environment turns into a tool response that says what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One ``<tool_call>`` block: the raw text between the markers, and what could be read from it."""
+
+    raw: str
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+    error: str | None = None
+    """Why the call is unusable (bad JSON, no name, arguments not an object); ``None`` when well formed."""
+
+
+def has_tool_call(text: str) -> bool:
+    return TOOL_CALL_OPEN in text
+
+
+def parse_tool_calls(text: str, max_calls: int | None = None) -> list[ParsedCall]:
+    """Every hermes tool call in ``text``, in order.
+
+    An unclosed ``<tool_call>`` at the very end is accepted (generation often stops on ``</tool_call>`` with the
+    stop string removed). Calls beyond ``max_calls`` are returned with an error, so they are counted, not lost.
+    """
+    calls = [_parse_one(match.group(1)) for match in _TOOL_CALL.finditer(text)]
+    if max_calls is not None and len(calls) > max_calls:
+        over = f"too many tool calls in one turn: the limit is {max_calls}; this call was not run"
+        calls = calls[:max_calls] + [ParsedCall(raw=c.raw, name=c.name, error=over) for c in calls[max_calls:]]
+    return calls
+
+
+def _parse_one(raw: str) -> ParsedCall:
+    body = raw.strip()
+    if not body:
+        return ParsedCall(raw=raw, error='empty tool call: expected {"name": ..., "arguments": {...}}')
+    try:
+        payload = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return ParsedCall(raw=raw, error=f"tool call is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                                         f"{exc.colno}); expected {{\"name\": ..., \"arguments\": {{...}}}}")
+    if not isinstance(payload, dict):
+        return ParsedCall(raw=raw, error=f"tool call must be a JSON object, got {type(payload).__name__}")
+    name = payload.get("name")
+    if not isinstance(name, str) or not name:
+        return ParsedCall(raw=raw, error='tool call has no "name" string')
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models emit the arguments object as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return ParsedCall(raw=raw, name=name, error='"arguments" is a string that is not a JSON object')
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return ParsedCall(raw=raw, name=name, error=f'"arguments" must be an object, got {type(arguments).__name__}')
+    return ParsedCall(raw=raw, name=name, arguments=arguments)
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """The hermes text of one call (what a well-behaved policy emits)."""
+    return f"{TOOL_CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+
+
+# -- final answers ---------------------------------------------------------------------------------------------------
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``, braces balanced."""
+    result = None
+    for match in _BOXED.finditer(text):
+        start = match.end()
+        if start < len(text) and text[start] == "{":
+            depth, i = 0, start
+            while i < len(text):
+                if text[i] == "{":
+                    depth += 1
+                elif text[i] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        result = text[start + 1 : i]
+                        break
+                i += 1
+        elif match.group(0).endswith(" "):  # "\boxed 5": the token up to the next whitespace or "$"
+            token = re.match(r"[^\s$]+", text[start:])
+            if token:
+                result = token.group(0)
+    return result
+
+
+def answer_blocks(text: str) -> list[str]:
+    return _ANSWER_BLOCK.findall(text)
+
+
+def extract_answer(text: str, *, answer_block: bool = True, boxed: bool = True, fallback: bool = True) -> str | None:
+    """The final answer in a response, or ``None``.
+
+    With ``answer_block``, the last ``<answer>...</answer>`` block is where the answer lives: the last ``\\boxed{}``
+    inside it if ``boxed`` (else the block's whole text). With ``fallback``, a response with no answer block falls
+    back to its last ``\\boxed{}``. The defaults follow the rStar2-Agent prompt.
+    """
+    if answer_block:
+        blocks = answer_blocks(text)
+        if blocks:
+            block = blocks[-1]
+            if boxed:
+                inner = last_boxed(block)
+                if inner is not None:
+                    return inner.strip()
+            stripped = block.strip()
+            return stripped or None
+        if not fallback:
+            return None
+    if boxed:
+        inner = last_boxed(text)
+        return inner.strip() if inner is not None else None
+    return None
+
+
+# -- chat rendering --------------------------------------------------------------------------------------------------
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant that solves math problems step by step. You may run Python code to compute, "
+    "check and explore: call the tool, read its output, and reflect before you continue. When you are done, give "
+    "the final answer inside <answer></answer> tags, with the result in \\boxed{}, e.g. "
+    "<answer>The answer is \\boxed{42}.</answer>"
+)
+
+_TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def render_system_prompt(system: str, tool_schemas: Sequence[dict[str, Any]]) -> str:
+    """The system message with the tool schemas in the hermes preamble (what Qwen-style templates emit)."""
+    if not tool_schemas:
+        return system
+    schemas = "\n".join(json.dumps(s, ensure_ascii=False) for s in tool_schemas)
+    return f"{system}\n\n{_TOOLS_PREAMBLE.format(schemas=schemas)}"
+
+
+def render_tool_responses(texts: Sequence[str]) -> str:
+    """The content of the message that carries tool outputs back to the model."""
+    return "\n".join(f"<tool_response>\n{t}\n</tool_response>" for t in texts)
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """The chat template's markers, so prompts and feedback are rendered the way the model was trained to read.
+
+    ``chatml`` (Qwen, SmolLM2, ...) is the default. Feedback is everything appended after an assistant action up to
+    the start of the next one: the end of the assistant turn, the tool message, and the next assistant header.
+    """
+
+    name: str
+    system_start: str
+    user_start: str
+    assistant_start: str
+    turn_end: str
+    tool_start: str
+
+    def render_prompt(self, system: str, user: str) -> str:
+        return (f"{self.system_start}{system}{self.turn_end}"
+                f"{self.user_start}{user}{self.turn_end}{self.assistant_start}")
+
+    def render_feedback(self, action: str, tool_texts: Sequence[str]) -> str:
+        # A policy that stops on the end marker may or may not keep it in the text it returns.
+        marker = self.turn_end.rstrip()
+        if marker and action.endswith(self.turn_end):
+            end = ""
+        elif marker and action.endswith(marker):
+            end = self.turn_end[len(marker):]
+        else:
+            end = self.turn_end
+        return f"{end}{self.tool_start}{render_tool_responses(tool_texts)}{self.turn_end}{self.assistant_start}"
+
+
+CHAT_FORMATS: dict[str, ChatFormat] = {
+    "chatml": ChatFormat(
+        name="chatml",
+        system_start="<|im_start|>system\n",
+        user_start="<|im_start|>user\n",
+        assistant_start="<|im_start|>assistant\n",
+        turn_end="<|im_end|>\n",
+        tool_start="<|im_start|>user\n",
+    ),
+    "plain": ChatFormat(
+        name="plain",
+        system_start="System: ",
+        user_start="User: ",
+        assistant_start="Assistant: ",
+        turn_end="\n\n",
+        tool_start="Tool: ",
+    ),
+}
+
+
+def get_chat_format(name: str | ChatFormat) -> ChatFormat:
+    if isinstance(name, ChatFormat):
+        return name
+    try:
+        return CHAT_FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown chat format {name!r}; choose one of {sorted(CHAT_FORMATS)}") from None

@@ -1,0 +1,31 @@
+"""The reward contract: a verifier scores a final response against the gold answer.
+
+A reward plugin is a class with ``name`` and ``async def score(response: str, answer: str) -> RewardResult``.
+``response`` is the episode's final assistant action; the plugin extracts the answer from it itself (so a plugin
+can define its own answer format). Scoring must be bounded in time and memory from any thread: a pathological
+input costs at most the plugin's timeout and scores 0 with ``reason="timeout"``. A plugin may also offer
+``async def score_batch(pairs) -> list[RewardResult]`` for trainers; :func:`score_many` uses it when present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from rstar_env.trajectory import RewardResult
+
+
+@runtime_checkable
+class Reward(Protocol):
+    name: ClassVar[str] | str
+
+    async def score(self, response: str, answer: str) -> RewardResult: ...
+
+
+async def score_many(reward: Any, pairs: Sequence[tuple[str, str]]) -> list[RewardResult]:
+    """Score ``(response, answer)`` pairs concurrently, through the plugin's batch API when it has one."""
+    batch = getattr(reward, "score_batch", None)
+    if batch is not None:
+        return list(await batch(list(pairs)))
+    return list(await asyncio.gather(*(reward.score(r, a) for r, a in pairs)))

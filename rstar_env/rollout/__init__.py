@@ -1,0 +1,1 @@
+"""Policies and trajectory collection."""

@@ -1,0 +1,91 @@
+"""The tool contract: what a tool plugin is, what it is told about the episode, and argument checking.
+
+A tool plugin is a class with a ``name``, an OpenAI function ``schema``, ``async def call(arguments, episode) ->
+ToolResult`` and ``async def close(episode)``. One tool instance serves many episodes (a vector env shares it), so
+per-episode state is keyed by ``episode.episode_id``, and ``close(episode)`` is where it is released.
+
+Raising from ``call`` is allowed but discouraged: the environment turns an exception into a ``crash`` tool
+result, so a buggy plugin cannot end an episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from rstar_env.trajectory import ToolResult
+
+
+@dataclass
+class EpisodeContext:
+    """What a tool may know about the episode that calls it."""
+
+    episode_id: str
+    problem: str = ""
+    answer: str = ""
+    turn: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    """Scratch space for plugins; dropped when the episode ends."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    name: ClassVar[str] | str
+    schema: dict[str, Any]
+
+    async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult: ...
+
+    async def close(self, episode: EpisodeContext) -> None: ...
+
+
+def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """An OpenAI function-tool schema."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+
+
+def validate_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """Check ``arguments`` against a function schema's parameters; return what is wrong, or ``None``.
+
+    Covers what models get wrong in practice: missing required fields, unknown fields (when the schema says
+    ``additionalProperties: false``) and wrong JSON types. It is not a full JSON-Schema validator.
+    """
+    params = schema.get("function", schema).get("parameters", {})
+    properties: dict[str, Any] = params.get("properties", {})
+    missing = [key for key in params.get("required", []) if key not in arguments]
+    if missing:
+        return f"missing required argument(s): {', '.join(missing)}"
+    if params.get("additionalProperties") is False:
+        unknown = sorted(set(arguments) - set(properties))
+        if unknown:
+            return f"unknown argument(s): {', '.join(unknown)}; expected {', '.join(properties)}"
+    for key, value in arguments.items():
+        expected = properties.get(key, {}).get("type")
+        if expected is None:
+            continue
+        kinds = expected if isinstance(expected, list) else [expected]
+        ok = any(
+            isinstance(value, _JSON_TYPES.get(kind, (object,)))
+            and not (kind in ("integer", "number") and isinstance(value, bool))
+            for kind in kinds
+        )
+        if not ok:
+            return f"argument {key!r} must be of type {' or '.join(kinds)}, got {type(value).__name__}"
+    return None

@@ -1,0 +1,1 @@
+"""Trainers: the single-machine GRPO-RoC trainer and the OpenRLHF integration."""

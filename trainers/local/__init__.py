@@ -1,0 +1,1 @@
+"""Single-machine GRPO-RoC trainer."""

@@ -1,0 +1,1 @@
+"""GRPO-RoC on OpenRLHF."""
