@@ -82,7 +82,8 @@ def _parse_one(raw: str) -> ParsedCall:
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """The hermes text of one call (what a well-behaved policy emits)."""
-    return f"{TOOL_CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{payload}\n{TOOL_CALL_CLOSE}"
 
 
 # -- final answers ---------------------------------------------------------------------------------------------------

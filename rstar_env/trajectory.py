@@ -9,6 +9,7 @@ Timing fields are excluded from equality, so two runs of the same scripted episo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -239,5 +240,5 @@ class Trajectory:
         )
 
     def copy(self) -> Trajectory:
-        """A deep copy that shares no mutable object with this one (cheaper than ``copy.deepcopy``)."""
-        return Trajectory.from_dict(self.to_dict())
+        """A deep copy that shares no mutable object with this one."""
+        return copy.deepcopy(self)

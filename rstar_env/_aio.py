@@ -1,0 +1,41 @@
+"""Run coroutines from synchronous code, whatever the caller's thread or event loop.
+
+``MathToolEnv.step`` is a thin wrapper over ``astep``. ``asyncio.run`` would fail inside a running loop (Jupyter,
+an async trainer) and would build a new loop per step, so synchronous calls go to one long-lived loop on a daemon
+thread. Sandboxes and verifiers never bind to a loop, so they work from this loop and the caller's alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_loop: asyncio.AbstractEventLoop | None = None
+_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rstar-env-loop", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion and return its result (exceptions propagate)."""
+    loop = _background_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("run_sync() was called from inside the rstar-env loop; await the coroutine instead")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()

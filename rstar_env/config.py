@@ -1,0 +1,162 @@
+"""Configuration: pydantic models for the YAML files under ``configs/``.
+
+One file describes a run for either trainer. The ``env``, ``tools``, ``reward``, ``sampler`` and ``dataset``
+sections are shared; the ``trainer`` section belongs to the trainer named in it. A plugin section is either a name
+or ``{name, options}``::
+
+    env: {max_turns: 8, max_length: 8192, length_unit: tokens}
+    tools: [{name: python, options: {stateful: true, timeout_s: 4}}]
+    reward: math
+    sampler: {name: roc, options: {mode: topk}}
+    dataset: {source: data/train.jsonl, integer_answers_only: true}
+
+Errors name the file, the key and what was wrong (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or dict is unreadable or invalid; the message names the file and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PluginSpec(_Model):
+    """A plugin by name, with the options its constructor takes. ``"python"`` is short for ``{name: python}``."""
+
+    name: str = Field(min_length=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+class EnvConfig(_Model):
+    """Episode rules of :class:`~rstar_env.env.MathToolEnv`."""
+
+    max_turns: PositiveInt = 10
+    """Assistant turns per episode; the episode is truncated after the last one."""
+    max_length: PositiveInt | None = None
+    """Length budget of the response (actions and tool feedback), in ``length_unit``; ``None`` for no budget."""
+    length_unit: Literal["chars", "tokens"] = "chars"
+    """``tokens`` needs a tokenizer (``MathToolEnv(tokenizer=...)``) or token ids passed to ``step``."""
+    max_tool_calls_per_turn: PositiveInt = 4
+    """Calls beyond this in one action are not run; each is answered with a ``bad_call`` response."""
+    max_action_chars: PositiveInt = 1 << 20
+    """The action space's length bound (the observation space's is the same)."""
+    chat_format: Literal["chatml", "plain"] = "chatml"
+    system_prompt: str | None = None
+    """``None`` for the built-in rStar2-Agent-style prompt."""
+    answer_block: bool = True
+    """Expect the final answer in an ``<answer>`` block (see :func:`rstar_env.format.extract_answer`)."""
+
+
+class DatasetSpec(_Model):
+    """Where the env draws problems from when ``reset`` gets none; see :func:`rstar_env.data.load_dataset`."""
+
+    source: str = "arithmetic"
+    split: str = "train"
+    fields: dict[str, str] | None = None
+    preset: str | None = None
+    integer_answers_only: bool = False
+    dedup: bool = True
+    limit: PositiveInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_source(cls, value: Any) -> Any:
+        return {"source": value} if isinstance(value, str) else value
+
+
+def _default_tools() -> list[PluginSpec]:
+    return [PluginSpec(name="python")]
+
+
+class RunConfig(_Model):
+    """A whole run: what both trainers, ``rstar-env eval`` and the env read."""
+
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    tools: list[PluginSpec] = Field(default_factory=_default_tools)
+    reward: PluginSpec = Field(default_factory=lambda: PluginSpec(name="math"))
+    sampler: PluginSpec = Field(default_factory=lambda: PluginSpec(name="roc"))
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """The trainer's own section (``backend: local | openrlhf`` and its settings), validated by that trainer."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tools_as_list(cls, value: Any) -> Any:
+        if isinstance(value, dict) and isinstance(value.get("tools"), str | dict):
+            value = {**value, "tools": [value["tools"]]}
+        return value
+
+
+def _describe(error: ValidationError, origin: str) -> str:
+    lines = [f"invalid config {origin}:"]
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key (check its spelling against the config reference in README)")
+        else:
+            got = item.get("input")
+            shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+            lines.append(f"  {where}: {item['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file and the line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(source: str | Path | dict[str, Any] | RunConfig | None = None, **overrides: Any) -> RunConfig:
+    """Build a :class:`RunConfig` from a YAML path, a dict or nothing (defaults).
+
+    ``overrides`` replace whole top-level sections (``tools=[...]``, ``reward="format"``); ``None`` values are
+    ignored, so callers can pass optional keyword arguments straight through.
+    """
+    if isinstance(source, RunConfig):
+        data, origin = source.model_dump(), "(RunConfig)"
+    elif isinstance(source, str | Path):
+        data, origin = read_yaml(source), str(source)
+    elif isinstance(source, dict):
+        data, origin = dict(source), "(dict)"
+    elif source is None:
+        data, origin = {}, "(defaults)"
+    else:
+        raise ConfigError(f"config must be a YAML path, a dict or a RunConfig, got {type(source).__name__}")
+    for key, value in overrides.items():
+        if value is not None:
+            data[key] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origin)) from None

@@ -1,0 +1,332 @@
+"""``MathToolEnv``: one math problem per episode, solved by a policy that may call tools between its turns.
+
+    >>> import gymnasium as gym, rstar_env                                      # doctest: +SKIP
+    >>> env = gym.make("rstar_env/MathTool-v0", tools=["python"], reward="math", max_turns=5)
+    >>> obs, info = env.reset(options={"problem": "What is 6 * 7?", "answer": "42"})
+    >>> obs, reward, terminated, truncated, info = env.step(
+    ...     '<tool_call>\\n{"name": "python", "arguments": {"code": "6 * 7"}}\\n</tool_call>')
+    >>> obs   # the feedback to append to the conversation: the tool response in chat-template markers
+    >>> obs, reward, terminated, truncated, info = env.step("<answer>\\\\boxed{42}</answer>")
+    >>> reward, terminated   # (1.0, True)
+
+Observations are text to *append*: ``reset`` returns the whole prompt, ``step`` the feedback that follows the
+action (empty when the episode ends), so a policy's context is ``prompt + action + obs + action + ...``.
+
+Every episode ends: with an action that holds no tool call (its answer is scored: ``terminated``), at the turn
+limit (the last action's answer, if any, is scored: ``truncated``), or when the response outgrows the length budget
+(reward 0: ``truncated``). Nothing the policy writes raises: malformed calls, unknown tools and bad arguments become
+tool responses that say what was wrong, counted as ``bad_call`` errors in the trajectory.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, ClassVar, SupportsFloat
+
+import gymnasium
+from pydantic import ValidationError
+
+from rstar_env import _aio
+from rstar_env.config import ConfigError, EnvConfig, PluginSpec, RunConfig, load_config
+from rstar_env.format import (
+    DEFAULT_SYSTEM_PROMPT,
+    ChatFormat,
+    ParsedCall,
+    get_chat_format,
+    has_tool_call,
+    parse_tool_calls,
+    render_system_prompt,
+)
+from rstar_env.plugins import load_reward, load_tool
+from rstar_env.spaces import UnicodeText
+from rstar_env.tool import EpisodeContext, validate_arguments
+from rstar_env.trajectory import RewardResult, ToolCall, ToolResult, Trajectory, Turn
+
+PluginLike = str | dict[str, Any] | PluginSpec | Any
+
+
+class MathToolEnv(gymnasium.Env[str, str]):
+    """A multi-turn math environment with tools, a verifier reward and a length budget.
+
+    Args:
+        tools: tool names, ``{name, options}`` dicts, or tool instances (shared, not closed by this env).
+        reward: a reward plugin name, ``{name, options}``, or an instance.
+        max_turns: assistant turns per episode.
+        dataset: where ``reset()`` without options draws problems (a path, a generated-set spec, a dataset name).
+        config: a YAML path, dict or :class:`~rstar_env.config.RunConfig`; keyword arguments override it.
+        tokenizer: counts tokens for ``length_unit: tokens`` and fills token ids in the trajectory.
+        **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"]}
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[PluginLike] | None = None,
+        reward: PluginLike | None = None,
+        max_turns: int | None = None,
+        dataset: Any = None,
+        config: str | dict[str, Any] | RunConfig | None = None,
+        tokenizer: Any = None,
+        render_mode: str | None = None,
+        **env_options: Any,
+    ) -> None:
+        cfg = load_config(
+            config,
+            tools=None if tools is None else [t for t in tools if _is_spec(t)],
+            reward=reward if _is_spec(reward) else None,
+            dataset=dataset,
+        )
+        if max_turns is not None or env_options:
+            overrides = {**env_options, **({"max_turns": max_turns} if max_turns is not None else {})}
+            try:
+                cfg.env = EnvConfig.model_validate({**cfg.env.model_dump(), **overrides})
+            except ValidationError as exc:
+                raise ConfigError(f"invalid MathToolEnv option: {exc}") from None
+        self.config: RunConfig = cfg
+        self.settings: EnvConfig = cfg.env
+        self.render_mode = render_mode
+        self.tokenizer = tokenizer
+        self.chat_format: ChatFormat = get_chat_format(cfg.env.chat_format)
+
+        self._owned: list[Any] = []  # plugins this env built, and so closes
+        self.tools: dict[str, Any] = {}
+        specs = iter(cfg.tools)  # validated, in the order given
+        for entry in tools if tools is not None else cfg.tools:
+            if _is_spec(entry):
+                spec = next(specs)
+                entry = self._own(load_tool(spec.name, **spec.options))
+            if entry.name in self.tools:
+                raise ValueError(f"two tools are named {entry.name!r}; tool names must be unique in one env")
+            self.tools[entry.name] = entry
+        self.reward_fn = (
+            self._own(load_reward(cfg.reward.name, **cfg.reward.options)) if _is_spec(reward) else reward
+        )
+
+        self.system_prompt = render_system_prompt(
+            cfg.env.system_prompt or DEFAULT_SYSTEM_PROMPT, [t.schema for t in self.tools.values()]
+        )
+        self.action_space = UnicodeText(cfg.env.max_action_chars)
+        self.observation_space = UnicodeText(cfg.env.max_action_chars + len(self.system_prompt))
+
+        self._dataset: Any = None
+        self._trajectory: Trajectory | None = None
+        self._episode: EpisodeContext | None = None
+        self._used = 0  # response length so far, in the length unit
+        self._closed = False
+
+    # -- gymnasium API -------------------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset."""
+        return _aio.run_sync(self.areset(seed=seed, options=options))
+
+    def step(
+        self, action: str, *, token_ids: Sequence[int] | None = None, logprobs: Sequence[float] | None = None
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one assistant action; see :meth:`astep`."""
+        return _aio.run_sync(self.astep(action, token_ids=token_ids, logprobs=logprobs))
+
+    def render(self) -> str | None:
+        if self._trajectory is None:
+            return None
+        text = self._trajectory.prompt + self._trajectory.response
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _aio.run_sync(self.aclose())
+
+    # -- async API -------------------------------------------------------------------------------------------------
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        await self._end_episode()
+        row = dict(options) if options else self._draw()
+        if "problem" not in row or "answer" not in row:
+            raise ValueError(
+                f"reset options need 'problem' and 'answer' (got keys {sorted(row)}); "
+                "pass options={'problem': ..., 'answer': ...} or configure a dataset"
+            )
+        prompt = self.chat_format.render_prompt(self.system_prompt, str(row["problem"]))
+        self._trajectory = Trajectory(
+            problem=str(row["problem"]),
+            answer=str(row["answer"]),
+            prompt=prompt,
+            id=None if row.get("id") is None else str(row["id"]),
+            prompt_token_ids=self._encode(prompt) if self.tokenizer is not None else None,
+        )
+        self._episode = EpisodeContext(
+            episode_id=uuid.uuid4().hex, problem=self._trajectory.problem, answer=self._trajectory.answer
+        )
+        self._used = 0
+        self._started = time.perf_counter()
+        return prompt, self._info()
+
+    async def astep(
+        self, action: str, *, token_ids: Sequence[int] | None = None, logprobs: Sequence[float] | None = None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Take one assistant action.
+
+        ``token_ids``/``logprobs``: what a token-level policy generated for ``action``; recorded in the turn and
+        used for the length budget instead of re-tokenizing.
+        """
+        traj, episode = self._trajectory, self._episode
+        if traj is not None and traj.done:
+            raise gymnasium.error.ResetNeeded(f"the episode has ended ({traj.end_reason}); call reset()")
+        if traj is None or episode is None:
+            raise gymnasium.error.ResetNeeded("call reset() before step()")
+        if not isinstance(action, str):
+            raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+
+        episode.turn = len(traj.turns)
+        turn = Turn(
+            action=action,
+            action_token_ids=list(token_ids) if token_ids is not None else None,
+            action_logprobs=list(logprobs) if logprobs is not None else None,
+        )
+        turn.action_tokens = len(token_ids) if token_ids is not None else self._count_tokens(action)
+        traj.turns.append(turn)
+        self._used += self._length(action, turn.action_tokens)
+
+        if self._over_budget():
+            return await self._finish("length", None)
+        if not has_tool_call(action):
+            return await self._finish("answer", await self._score(action))
+
+        for parsed in parse_tool_calls(action, self.settings.max_tool_calls_per_turn):
+            turn.tool_calls.append(await self._run_call(parsed, episode))
+        feedback = self.chat_format.render_feedback(action, [c.result.text for c in turn.tool_calls])
+        turn.feedback = feedback
+        if self.tokenizer is not None:
+            turn.feedback_token_ids = self._encode(feedback)
+            turn.feedback_tokens = len(turn.feedback_token_ids)
+        self._used += self._length(feedback, turn.feedback_tokens)
+
+        if self._over_budget():
+            return await self._finish("length", None)
+        if len(traj.turns) >= self.settings.max_turns:
+            return await self._finish("max_turns", await self._score(action))
+        return feedback, 0.0, False, False, self._info()
+
+    async def aclose(self) -> None:
+        await self._end_episode()
+        # A plugin that holds resources (a sandbox pool, verifier workers) releases them in `aclose()`.
+        for plugin in self._owned:
+            closer = getattr(plugin, "aclose", None)
+            if closer is not None:
+                await closer()
+        self._owned.clear()
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _own(self, plugin: Any) -> Any:
+        self._owned.append(plugin)
+        return plugin
+
+    def _draw(self) -> dict[str, Any]:
+        if self._dataset is None:
+            from rstar_env.data import load_dataset
+
+            spec = self.config.dataset
+            self._dataset = load_dataset(spec.source, **spec.model_dump(exclude={"source"}))
+            if len(self._dataset) == 0:
+                raise ValueError(f"dataset {spec.source!r} has no problems")
+        row = self._dataset[int(self.np_random.integers(len(self._dataset)))]
+        return row.to_dict() if hasattr(row, "to_dict") else dict(row)
+
+    async def _run_call(self, parsed: ParsedCall, episode: EpisodeContext) -> ToolCall:
+        def bad(message: str) -> ToolCall:
+            return ToolCall(parsed.raw, parsed.name, parsed.arguments, ToolResult(f"Error: {message}", "bad_call"))
+
+        if parsed.error is not None:
+            return bad(parsed.error)
+        tool = self.tools.get(parsed.name or "")
+        if tool is None:
+            return bad(f"unknown tool {parsed.name!r}; available tools: {', '.join(self.tools) or 'none'}")
+        problem = validate_arguments(tool.schema, parsed.arguments or {})
+        if problem is not None:
+            return bad(f"{parsed.name}: {problem}")
+        start = time.perf_counter()
+        try:
+            result = await tool.call(parsed.arguments or {}, episode)
+            if not isinstance(result, ToolResult):
+                raise TypeError(f"{type(tool).__name__}.call returned {type(result).__name__}, not ToolResult")
+        except Exception as exc:  # a buggy plugin must not end the episode: it is a crashed tool call
+            result = ToolResult(f"Error: the {parsed.name} tool failed ({type(exc).__name__}: {exc})", "crash")
+        if not result.duration_s:
+            result.duration_s = time.perf_counter() - start
+        return ToolCall(parsed.raw, parsed.name, parsed.arguments, result)
+
+    async def _score(self, action: str) -> RewardResult:
+        traj = self._trajectory
+        assert traj is not None
+        try:
+            return await self.reward_fn.score(action, traj.answer)
+        except Exception as exc:  # a verifier bug scores 0 and says why, instead of killing a rollout batch
+            return RewardResult(0.0, None, f"error: {type(exc).__name__}: {exc}")
+
+    async def _finish(
+        self, reason: str, result: RewardResult | None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        traj = self._trajectory
+        assert traj is not None
+        traj.end_reason = reason  # type: ignore[assignment]
+        traj.reward_result = result if result is not None else RewardResult(0.0, None, reason)
+        traj.reward = float(traj.reward_result.reward)
+        traj.duration_s = time.perf_counter() - self._started
+        info = self._info()
+        await self._end_episode()
+        return "", traj.reward, reason == "answer", reason != "answer", info
+
+    async def _end_episode(self) -> None:
+        """Release every tool's per-episode state (stateful interpreters, ...)."""
+        episode, self._episode = self._episode, None
+        if episode is None:
+            return
+        for tool in self.tools.values():
+            try:
+                await tool.close(episode)
+            except Exception as exc:  # closing must go on for the other tools
+                gymnasium.logger.warn(f"tool {tool.name!r} failed to close episode {episode.episode_id}: {exc}")
+
+    def _info(self) -> dict[str, Any]:
+        traj = self._trajectory
+        assert traj is not None
+        return {"trajectory": traj.copy(), "turn": len(traj.turns), "end_reason": traj.end_reason}
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _count_tokens(self, text: str) -> int | None:
+        return len(self._encode(text)) if self.tokenizer is not None else None
+
+    def _length(self, text: str, tokens: int | None) -> int:
+        if self.settings.length_unit == "chars":
+            return len(text)
+        if tokens is None:
+            raise ValueError(
+                "length_unit is 'tokens' but no token count is known: give MathToolEnv a tokenizer "
+                "or pass token_ids to step()"
+            )
+        return tokens
+
+    def _over_budget(self) -> bool:
+        budget = self.settings.max_length
+        return budget is not None and self._used > budget
+
+    def __repr__(self) -> str:
+        tools, reward = list(self.tools), self.reward_fn.name
+        return f"MathToolEnv(tools={tools}, reward={reward!r}, max_turns={self.settings.max_turns})"
+
+
+def _is_spec(value: Any) -> bool:
+    """A plugin named (``"python"``, ``{name, options}``, a PluginSpec, or None for the default), not an instance."""
+    return value is None or isinstance(value, str | dict | PluginSpec)

@@ -1,0 +1,55 @@
+"""Shared fixtures. Tests import nothing from each other (importlib import mode: OpenRLHF's wheel installs a
+top-level ``tests`` package that a ``tests/__init__.py`` here would collide with)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+from rstar_env.plugins import register, unregister
+from rstar_env.tool import EpisodeContext, function_schema
+from rstar_env.trajectory import RewardResult, ToolResult
+
+
+class EchoTool:
+    """A tool with no sandbox: echoes its text argument, raises on request, remembers episodes it closed."""
+
+    name: ClassVar[str] = "echo"
+    schema = function_schema(
+        "echo", "Echo the text back.", {"text": {"type": "string"}, "fail": {"type": "boolean"}}, ["text"]
+    )
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.closed: list[str] = []
+
+    async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult:
+        if arguments.get("fail"):
+            raise RuntimeError("asked to fail")
+        return ToolResult(self.prefix + arguments["text"])
+
+    async def close(self, episode: EpisodeContext) -> None:
+        self.closed.append(episode.episode_id)
+
+
+class ExactReward:
+    """Reward 1 when the last \\boxed{} equals the gold answer as a string."""
+
+    name: ClassVar[str] = "exact_test"
+
+    async def score(self, response: str, answer: str) -> RewardResult:
+        from rstar_env.format import extract_answer
+
+        got = extract_answer(response)
+        return RewardResult(float(got == answer), got, "match" if got == answer else "mismatch")
+
+
+@pytest.fixture
+def echo_plugins():
+    """Register EchoTool and ExactReward at run time for one test."""
+    register(EchoTool)
+    register(ExactReward)
+    yield EchoTool, ExactReward
+    unregister(EchoTool)
+    unregister(ExactReward)

@@ -1,0 +1,79 @@
+from rstar_env.format import (
+    CHAT_FORMATS,
+    extract_answer,
+    format_tool_call,
+    last_boxed,
+    parse_tool_calls,
+    render_system_prompt,
+)
+
+
+def test_parse_several_calls_in_order():
+    text = "think\n" + format_tool_call("python", {"code": "1+1"}) + "\nmore\n" + format_tool_call("echo", {"text": "é"})
+    calls = parse_tool_calls(text)
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("python", {"code": "1+1"}, None),
+        ("echo", {"text": "é"}, None),
+    ]
+
+
+def test_parse_unclosed_final_call_is_accepted():
+    calls = parse_tool_calls('x <tool_call>\n{"name": "python", "arguments": {"code": "2"}}')
+    assert calls[0].name == "python" and calls[0].arguments == {"code": "2"}
+
+
+def test_parse_errors_say_what_is_wrong():
+    bad_json, not_object, no_name, args_list, empty = parse_tool_calls(
+        "<tool_call>{bad</tool_call><tool_call>[1]</tool_call><tool_call>{\"arguments\": {}}</tool_call>"
+        '<tool_call>{"name": "p", "arguments": [1]}</tool_call><tool_call>  </tool_call>'
+    )
+    assert "not valid JSON" in bad_json.error and bad_json.name is None
+    assert "must be a JSON object" in not_object.error
+    assert 'no "name"' in no_name.error
+    assert '"arguments" must be an object' in args_list.error and args_list.name == "p"
+    assert "empty tool call" in empty.error
+
+
+def test_arguments_as_json_string_are_decoded():
+    (call,) = parse_tool_calls('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"1\\"}"}</tool_call>')
+    assert call.arguments == {"code": "1"} and call.error is None
+
+
+def test_calls_over_the_cap_are_kept_with_an_error():
+    text = "".join(format_tool_call("python", {"code": str(i)}) for i in range(4))
+    calls = parse_tool_calls(text, max_calls=2)
+    assert len(calls) == 4
+    assert [c.error is None for c in calls] == [True, True, False, False]
+    assert "limit is 2" in calls[3].error
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed(r"\boxed{1} and \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed 7 done") == "7"
+    assert last_boxed(r"\boxed{unclosed") is None
+    assert last_boxed("nothing") is None
+
+
+def test_extract_answer_prefers_the_last_answer_block():
+    text = r"\boxed{1} <answer>first \boxed{2}</answer> <answer>final \boxed{3}</answer> \boxed{4}"
+    assert extract_answer(text) == "3"
+    assert extract_answer("<answer> 12 </answer>") == "12"
+    assert extract_answer(r"no block \boxed{5}") == "5"
+    assert extract_answer(r"no block \boxed{5}", fallback=False) is None
+    assert extract_answer(r"<answer>x \boxed{5}</answer>", answer_block=False) == "5"
+    assert extract_answer("nothing at all") is None
+
+
+def test_system_prompt_lists_schemas():
+    schema = {"type": "function", "function": {"name": "python", "parameters": {}}}
+    text = render_system_prompt("SYS", [schema])
+    assert text.startswith("SYS") and '"name": "python"' in text and "<tool_call>" in text
+    assert render_system_prompt("SYS", []) == "SYS"
+
+
+def test_chatml_feedback_closes_the_turn_once():
+    fmt = CHAT_FORMATS["chatml"]
+    expected_tail = "<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert fmt.render_feedback("call", ["2"]) == "<|im_end|>\n" + expected_tail
+    assert fmt.render_feedback("call<|im_end|>", ["2"]) == "\n" + expected_tail
+    assert fmt.render_feedback("call<|im_end|>\n", ["2"]) == expected_tail
