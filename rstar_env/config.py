@@ -68,10 +68,13 @@ class DatasetSpec(_Model):
     source: str = "arithmetic"
     split: str = "train"
     fields: dict[str, str] | None = None
-    preset: str | None = None
+    preset: str | None = "auto"
+    """``auto`` recognises DAPO-Math rows; ``dapo``/``aime`` force a preset; ``None`` turns presets off."""
     integer_answers_only: bool = False
     dedup: bool = True
     limit: PositiveInt | None = None
+    shuffle: bool = False
+    seed: int = 0
 
     @model_validator(mode="before")
     @classmethod
