@@ -74,7 +74,9 @@ def _tool_spec(config: str | None, name: str) -> dict[str, Any]:
 @click.option("--arguments", "arguments", help="The call's arguments as JSON (default for python: code from stdin).")
 @click.option("--backend", help="Sandbox backend for the python tool (overrides the config).")
 @click.option("--timeout", "timeout_s", type=float, help="Time limit in seconds (overrides the config).")
-def run_tool(name: str, config: str | None, arguments: str | None, backend: str | None, timeout_s: float | None) -> None:
+def run_tool(
+    name: str, config: str | None, arguments: str | None, backend: str | None, timeout_s: float | None
+) -> None:
     """Run one tool call and print the result as JSON.
 
     For ``python``, the code is read from standard input and the sandbox's ExecResult is printed:
@@ -190,6 +192,114 @@ def episode(
             console.print(f"trajectory written to {out}")
     finally:
         env.close()
+
+
+# -- eval --------------------------------------------------------------------------------------------------------
+def _build_policy(model: str | None, endpoint: str | None, served_model: str | None, sampling: Any,
+                  batch_size: int, tool_schemas: list[dict[str, Any]], system_prompt: str) -> Any:
+    if endpoint:
+        from rstar_env.rollout.openai import OpenAIPolicy
+
+        return OpenAIPolicy(
+            base_url=endpoint, model=served_model or model or "default", sampling=sampling,
+            tools=tool_schemas, system_prompt=system_prompt,
+        )
+    from rstar_env.rollout.local import ModelNotFoundError, TransformersPolicy
+
+    try:
+        return TransformersPolicy(model, sampling=sampling, batch_size=batch_size)
+    except (ModelNotFoundError, ImportError) as exc:
+        _fail(str(exc))
+
+
+@main.command("eval")
+@click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
+@click.option("--endpoint", default=None, help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1).")
+@click.option("--served-model", default=None, help="Model name to request from --endpoint.")
+@click.option("--dataset", default=None, help="Dataset source (default: the config's, else 'arithmetic').")
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (env, tools, reward, dataset).")
+@click.option("--samples", "-k", default=1, show_default=True, help="Samples per problem (pass@1 is their mean).")
+@click.option("--limit", type=int, default=None, help="Only the first N problems.")
+@click.option("--out", type=click.Path(dir_okay=False), default="runs/eval.jsonl", show_default=True,
+              help="Trajectories JSONL; a run resumes from what it already holds.")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Per assistant turn.")
+@click.option("--max-turns", type=int, default=None, help="Override the config's env.max_turns.")
+@click.option("--width", type=int, default=32, show_default=True, help="Episodes in flight.")
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Local model batch size.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+def eval_command(model: str | None, endpoint: str | None, served_model: str | None, dataset: str | None,
+                 config: str | None, samples: int, limit: int | None, out: str, temperature: float, top_p: float,
+                 max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
+                 as_json: bool) -> None:
+    """Evaluate a model: pass@1 over k samples, pass@k, lengths, turns, tool use; trajectories to JSONL."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rstar_env import _aio
+    from rstar_env.config import ConfigError, load_config
+    from rstar_env.data import DataError, load_dataset
+    from rstar_env.plugins import PluginError
+    from rstar_env.rollout.evaluate import evaluate
+    from rstar_env.rollout.metrics import format_summary_rows
+    from rstar_env.rollout.policy import SamplingParams
+    from rstar_env.vector import MathToolVectorEnv
+
+    if samples < 1:
+        _fail("--samples must be at least 1")
+    try:
+        cfg = load_config(config, dataset=dataset)
+        spec = cfg.dataset
+        rows = load_dataset(spec.source, **spec.model_dump(exclude={"source", "limit"}), limit=limit or spec.limit)
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    env_options: dict[str, Any] = {"config": cfg}
+    if max_turns is not None:
+        env_options["max_turns"] = max_turns
+    try:
+        probe = MathToolVectorEnv(1, **env_options)  # the tool schemas and system prompt a served model needs
+        schemas = [t.schema for t in probe.envs[0].tools.values()]
+        system_prompt = probe.envs[0].system_prompt
+        probe.close()
+    except (ConfigError, PluginError) as exc:
+        _fail(str(exc))
+    policy = _build_policy(model, endpoint, served_model, sampling, batch_size, schemas, system_prompt)
+    total = len(rows) * samples
+    with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, disable=as_json and not sys.stderr.isatty()) as progress:
+        task = progress.add_task("", total=total)
+        solved = [0, 0]
+
+        def on_done(trajectory: Any) -> None:
+            solved[0] += trajectory.reward > 0.5
+            solved[1] += 1
+            progress.update(task, advance=1, description=f"pass@1 {solved[0] / solved[1]:.3f}")
+
+        async def run() -> dict[str, Any]:
+            env = MathToolVectorEnv(min(width, total), tokenizer=policy.tokenizer, **env_options)
+            try:
+                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done)
+            finally:
+                await policy.aclose()
+                await env.aclose()
+
+        summary = _aio.run_sync(run())
+        progress.update(task, completed=total)
+    tps = getattr(policy, "tokens_per_second", None)
+    if tps:
+        summary["policy_tokens_per_second"] = tps
+    summary["trajectories_file"] = out
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"eval: {model or endpoint or 'smollm2'} on {cfg.dataset.source}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in format_summary_rows(summary):
+        table.add_row(key, value)
+    Console().print(table)
 
 
 # -- bench -------------------------------------------------------------------------------------------------------

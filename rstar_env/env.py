@@ -226,6 +226,17 @@ class MathToolEnv(gymnasium.Env[str, str]):
                 await closer()
         self._owned.clear()
 
+    @property
+    def budget_left(self) -> int | None:
+        """What the length budget leaves for the response, in its unit; ``None`` with no budget."""
+        budget = self.settings.max_length
+        return None if budget is None else max(budget - self._used, 0)
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The live trajectory of the current episode (``info["trajectory"]`` is a snapshot of it)."""
+        return self._trajectory
+
     # -- internals -------------------------------------------------------------------------------------------------
     def _own(self, plugin: Any) -> Any:
         self._owned.append(plugin)

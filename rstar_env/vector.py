@@ -61,7 +61,8 @@ class MathToolVectorEnv(VectorEnv):
         if rows is not None and len(rows) != self.num_envs:
             raise ValueError(f"options['rows'] has {len(rows)} rows for {self.num_envs} sub-envs")
         results = await asyncio.gather(
-            *(env.areset(seed=s, options=rows[i] if rows else None) for i, (env, s) in enumerate(zip(self.envs, seeds)))
+            *(env.areset(seed=s, options=rows[i] if rows else None)
+              for i, (env, s) in enumerate(zip(self.envs, seeds, strict=True)))
         )
         self._needs_reset[:] = False
         infos: dict[str, Any] = {}
@@ -95,6 +96,12 @@ class MathToolVectorEnv(VectorEnv):
 
     def render(self) -> tuple[str | None, ...]:
         return tuple(env.render() for env in self.envs)
+
+    async def aclose(self) -> None:
+        """Close every sub-env (the first owns the shared plugins; the others only borrow them)."""
+        for env in reversed(self.envs):
+            await env.aclose()
+        self.closed = True
 
     def close_extras(self, **kwargs: Any) -> None:
         # The first env owns the shared plugins; the others only borrow them.

