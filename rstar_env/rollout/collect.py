@@ -105,13 +105,12 @@ async def iter_collect(
     pending = list(reversed(jobs))
     live: dict[int, Job] = {}
 
-    async def start(slot: int) -> None:
-        job = pending.pop()
+    async def start(slot: int, job: Job) -> None:
         live[slot] = job
         await slots[slot].areset(options=job.row)
 
     try:
-        await asyncio.gather(*(start(i) for i in range(min(len(slots), len(pending)))))
+        await asyncio.gather(*(start(i, pending.pop()) for i in range(min(len(slots), len(pending)))))
         while live:
             order = sorted(live)
             requests = [_request(slots[i], policy) for i in order]
@@ -126,7 +125,7 @@ async def iter_collect(
                     trajectory.metadata["sample"] = job.sample
                     finished.append(slot)
                     yield job, trajectory
-            refill = [start(slot) for slot in finished if pending]
+            refill = [start(slot, pending.pop()) for slot in finished[: len(pending)]]
             await asyncio.gather(*refill)
     finally:
         if owned:

@@ -41,6 +41,16 @@ def _done_key(trajectory: Trajectory) -> tuple[str | None, int]:
     return trajectory.id, int(trajectory.metadata.get("sample", 0))
 
 
+def _end_dangling_line(path: Path) -> None:
+    """Make sure appended lines start on a line of their own (a killed run may have left half a line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size:
+        with path.open("rb+") as handle:
+            handle.seek(-1, 2)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
+
+
 async def evaluate(
     policy: Policy,
     rows: Sequence[Any],
@@ -61,7 +71,7 @@ async def evaluate(
     jobs = jobs_for(rows, samples, skip=lambda job: (job.row.get("id"), job.sample) in done)
     fresh: list[Trajectory] = []
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        _end_dangling_line(Path(out))
     with Path(out).open("a", encoding="utf-8") if out is not None else contextlib.nullcontext() as handle:
         async for _job, trajectory in iter_collect(policy, jobs, width=width, env=env, **env_options):
             fresh.append(trajectory)
