@@ -196,14 +196,14 @@ def episode(
 
 # -- eval --------------------------------------------------------------------------------------------------------
 def _build_policy(model: str | None, endpoint: str | None, served_model: str | None, sampling: Any,
-                  batch_size: int, tool_schemas: list[dict[str, Any]], system_prompt: str) -> Any:
+                  batch_size: int, env: Any, native_tools: bool = True) -> Any:
     if endpoint:
         from rstar_env.rollout.openai import OpenAIPolicy
 
-        return OpenAIPolicy(
-            base_url=endpoint, model=served_model or model or "default", sampling=sampling,
-            tools=tool_schemas, system_prompt=system_prompt,
-        )
+        name = served_model or model
+        if not name:
+            _fail("--endpoint needs the served model's name: --served-model NAME")
+        return OpenAIPolicy.for_env(env, endpoint, name, sampling=sampling, native_tools=native_tools)
     from rstar_env.rollout.local import ModelNotFoundError, TransformersPolicy
 
     try:
@@ -216,6 +216,8 @@ def _build_policy(model: str | None, endpoint: str | None, served_model: str | N
 @click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
 @click.option("--endpoint", default=None, help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1).")
 @click.option("--served-model", default=None, help="Model name to request from --endpoint.")
+@click.option("--native-tools/--text-tools", default=True, show_default=True,
+              help="With --endpoint: send tool schemas as `tools=` (hermes parser) or describe them in the prompt.")
 @click.option("--dataset", default=None, help="Dataset source (default: the config's, else 'arithmetic').")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (env, tools, reward, dataset).")
 @click.option("--samples", "-k", default=1, show_default=True, help="Samples per problem (pass@1 is their mean).")
@@ -231,7 +233,7 @@ def _build_policy(model: str | None, endpoint: str | None, served_model: str | N
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def eval_command(model: str | None, endpoint: str | None, served_model: str | None, dataset: str | None,
-                 config: str | None, samples: int, limit: int | None, out: str, temperature: float, top_p: float,
+                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str, temperature: float, top_p: float,
                  max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
                  as_json: bool) -> None:
     """Evaluate a model: pass@1 over k samples, pass@k, lengths, turns, tool use; trajectories to JSONL."""
@@ -258,17 +260,18 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
     env_options: dict[str, Any] = {"config": cfg}
     if max_turns is not None:
         env_options["max_turns"] = max_turns
+    total = len(rows) * samples
     try:
-        probe = MathToolVectorEnv(1, **env_options)  # the tool schemas and system prompt a served model needs
-        schemas = [t.schema for t in probe.envs[0].tools.values()]
-        system_prompt = probe.envs[0].system_prompt
-        probe.close()
+        env = MathToolVectorEnv(min(width, total), **env_options)
     except (ConfigError, PluginError) as exc:
         _fail(str(exc))
-    policy = _build_policy(model, endpoint, served_model, sampling, batch_size, schemas, system_prompt)
-    total = len(rows) * samples
+    policy = _build_policy(model, endpoint, served_model, sampling, batch_size, env, native_tools)
+    if policy.tokenizer is not None:  # token-level truth: the env encodes prompt and feedback with the policy's
+        for sub in env.envs:
+            sub.tokenizer = policy.tokenizer
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=console, disable=as_json and not sys.stderr.isatty()) as progress:
+                  TimeElapsedColumn(), console=console,
+                  disable=as_json and not sys.stderr.isatty()) as progress:
         task = progress.add_task("", total=total)
         solved = [0, 0]
 
@@ -278,7 +281,6 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
             progress.update(task, advance=1, description=f"pass@1 {solved[0] / solved[1]:.3f}")
 
         async def run() -> dict[str, Any]:
-            env = MathToolVectorEnv(min(width, total), tokenizer=policy.tokenizer, **env_options)
             try:
                 return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done)
             finally:
