@@ -233,7 +233,8 @@ def _build_policy(model: str | None, endpoint: str | None, served_model: str | N
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def eval_command(model: str | None, endpoint: str | None, served_model: str | None, dataset: str | None,
-                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str, temperature: float, top_p: float,
+                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str,
+                 temperature: float, top_p: float,
                  max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
                  as_json: bool) -> None:
     """Evaluate a model: pass@1 over k samples, pass@k, lengths, turns, tool use; trajectories to JSONL."""
