@@ -305,6 +305,83 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
     Console().print(table)
 
 
+# -- training ----------------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False), required=True, help="Run config (YAML).")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many more steps (checkpointed).")
+@click.option("--output-dir", default=None, help="Override trainer.output_dir.")
+@click.option("--fresh", is_flag=True, help="Ignore checkpoints in the output directory (start over).")
+def train(config: str, max_steps: int | None, output_dir: str | None, fresh: bool) -> None:
+    """Train with GRPO-RoC on this machine (the `local` trainer); resumes from the output directory's latest
+    checkpoint. Ctrl-C saves a checkpoint."""
+    from rstar_env.config import ConfigError, load_config
+
+    try:
+        from rstar_trainers.local.config import trainer_config
+        from rstar_trainers.local.trainer import LocalTrainer
+    except ImportError as exc:
+        _fail(f"the local trainer needs torch and transformers ({exc}): pip install 'rstar-env[local]'")
+    try:
+        run = load_config(config)
+        settings = trainer_config(run, output_dir=output_dir)
+    except ConfigError as exc:
+        _fail(str(exc))
+    if fresh:
+        import shutil
+
+        shutil.rmtree(Path(settings.output_dir), ignore_errors=True)
+    trainer = LocalTrainer(run, settings)
+    if trainer.step:
+        console.print(f"resuming {settings.output_dir} at step {trainer.step}")
+    columns = ("step", "reward", "accuracy", "tool_error_ratio_correct", "groups_kept", "loss", "time/step_s")
+    table_header = "  ".join(f"{c.split('/')[-1]:>12}" for c in columns)
+    console.print(table_header)
+
+    def show(metrics: dict[str, Any]) -> None:
+        console.print("  ".join(f"{metrics.get(c, 0):>12.4g}" for c in columns))
+
+    try:
+        trainer.train(max_steps=max_steps, on_step=show)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
+        raise SystemExit(130) from None
+    finally:
+        trainer.close()
+    console.print(f"done: step {trainer.step}; metrics in {settings.output_dir}/metrics.jsonl "
+                  f"(rstar-env plot {settings.output_dir})")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="PNG path (default RUN_DIR/curves.png).")
+def plot(run_dir: str, out: str | None) -> None:
+    """Draw a training run's curves to PNG."""
+    from rstar_trainers.local.plot import plot_run
+
+    try:
+        path = plot_run(run_dir, out)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        _fail(str(exc))
+    click.echo(str(path))
+
+
+@main.command("filter-hard")
+@click.argument("trajectories", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Problems JSONL to write.")
+@click.option("--max-pass-rate", type=float, default=1.0, show_default=True,
+              help="Keep problems whose pass rate is below this (1.0: not solved every time).")
+@click.option("--min-samples", type=int, default=1, show_default=True)
+def filter_hard_command(trajectories: tuple[str, ...], out: str, max_pass_rate: float, min_samples: int) -> None:
+    """Build the stage-3 set from eval or training trajectory files: problems not yet solved every time."""
+    from rstar_env.rollout.hard import filter_hard
+
+    try:
+        seen, hard = filter_hard(trajectories, out, max_pass_rate=max_pass_rate, min_samples=min_samples)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    click.echo(f"{hard} of {seen} problems kept (pass rate < {max_pass_rate}) -> {out}")
+
+
 # -- bench -------------------------------------------------------------------------------------------------------
 class _LazyGroup(click.Group):
     """Subcommands imported on use, so ``rstar-env --help`` stays fast and optional extras stay optional."""

@@ -23,6 +23,7 @@ TOOL_CALL_CLOSE = "</tool_call>"
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -114,13 +115,27 @@ def answer_blocks(text: str) -> list[str]:
     return _ANSWER_BLOCK.findall(text)
 
 
-def extract_answer(text: str, *, answer_block: bool = True, boxed: bool = True, fallback: bool = True) -> str | None:
+def extract_answer(
+    text: str, *, answer_block: bool = True, boxed: bool = True, fallback: bool = True, last_number: bool = False
+) -> str | None:
     """The final answer in a response, or ``None``.
 
     With ``answer_block``, the last ``<answer>...</answer>`` block is where the answer lives: the last ``\\boxed{}``
     inside it if ``boxed`` (else the block's whole text). With ``fallback``, a response with no answer block falls
     back to its last ``\\boxed{}``. The defaults follow the rStar2-Agent prompt.
+
+    ``last_number`` is a lenient last resort for models too small to follow any answer format (the CPU quickstart's
+    135M model): a response with neither block nor box answers with its last number. Never use it to compare
+    with published results.
     """
+    found = _extract_formatted(text, answer_block=answer_block, boxed=boxed, fallback=fallback)
+    if found is None and last_number:
+        numbers = _NUMBER.findall(text)
+        return numbers[-1].replace(",", "") if numbers else None
+    return found
+
+
+def _extract_formatted(text: str, *, answer_block: bool, boxed: bool, fallback: bool) -> str | None:
     if answer_block:
         blocks = answer_blocks(text)
         if blocks:

@@ -77,3 +77,11 @@ def test_chatml_feedback_closes_the_turn_once():
     assert fmt.render_feedback("call", ["2"]) == "<|im_end|>\n" + expected_tail
     assert fmt.render_feedback("call<|im_end|>", ["2"]) == "\n" + expected_tail
     assert fmt.render_feedback("call<|im_end|>\n", ["2"]) == expected_tail
+
+
+def test_last_number_is_an_opt_in_last_resort():
+    assert extract_answer("so 9 + 3 = 12.") is None
+    assert extract_answer("so 9 + 3 = 12.", last_number=True) == "12"
+    assert extract_answer("we owe -1,200.50 dollars", last_number=True) == "-1200.50"
+    assert extract_answer(r"\boxed{5} then 7", last_number=True) == "5"  # a formatted answer wins
+    assert extract_answer("no digits", last_number=True) is None

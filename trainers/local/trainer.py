@@ -1,0 +1,409 @@
+"""Single-machine GRPO-RoC: roll out with the model being trained, keep G of 2G per prompt, update.
+
+One step:
+
+1. draw ``prompts_per_step`` problems (a seeded permutation per epoch; the position is checkpointed);
+2. roll out ``group_size * oversample`` trajectories per problem through the vector env with the model itself
+   (token ids, sampling log-probs and action masks recorded; tool output masked out);
+3. the sampler plugin keeps ``group_size`` per prompt or drops the group (``roc`` by default);
+4. advantages are group-normalised over the kept trajectories only;
+5. ``updates_per_step`` AdamW steps on the token-level clipped loss, with gradient accumulation over micro-batches
+   and gradient clipping.
+
+Checkpoints hold model, optimizer, every random generator, the step and the data position, so a resumed run
+continues exactly as an uninterrupted one would. Ctrl-C saves a checkpoint before exiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+import numpy as np
+import torch
+from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
+from rstar_trainers.local.logging import MetricsLogger
+from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, token_logprobs
+
+from rstar_env.config import RunConfig, load_config
+from rstar_env.data import load_dataset
+from rstar_env.plugins import load_sampler
+from rstar_env.rollout.collect import collect, jobs_for, trajectory_tokens
+from rstar_env.rollout.local import TransformersPolicy, load_model
+from rstar_env.rollout.policy import SamplingParams
+from rstar_env.trajectory import Trajectory
+from rstar_env.vector import MathToolVectorEnv
+
+
+@dataclass
+class Sample:
+    """One kept trajectory, ready for the loss."""
+
+    input_ids: list[int]
+    action_mask: list[int]
+    advantage: float
+
+
+@dataclass
+class DataCursor:
+    """Where the trainer is in the dataset: epoch and position in that epoch's seeded permutation."""
+
+    epoch: int = 0
+    position: int = 0
+
+    def take(self, n: int, size: int, seed: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            order = np.random.default_rng([seed, self.epoch]).permutation(size)
+            grab = order[self.position : self.position + n - len(out)].tolist()
+            out += grab
+            self.position += len(grab)
+            if self.position >= size:
+                self.epoch, self.position = self.epoch + 1, 0
+        return out
+
+
+class LocalTrainer:
+    """GRPO-RoC on one machine. Build it from a run config, then :meth:`train`."""
+
+    def __init__(
+        self,
+        run: RunConfig,
+        settings: LocalTrainerConfig,
+        *,
+        resume: bool = True,
+        model_and_tokenizer: tuple[Any, Any] | None = None,
+    ) -> None:
+        """``model_and_tokenizer``: weights to train instead of loading ``settings.model`` (the trainer owns them
+        from then on)."""
+        self.run = run
+        self.cfg = settings
+        self.out = Path(settings.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        _seed_everything(settings.seed)
+        if model_and_tokenizer is not None:
+            self.model, self.tokenizer = model_and_tokenizer
+        else:
+            self.model, self.tokenizer = load_model(settings.model, device=settings.device, cache=False)
+        self.model.train()
+        self.reference = None
+        if settings.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
+        )
+        self.policy = TransformersPolicy(
+            self.model,
+            tokenizer=self.tokenizer,
+            batch_size=settings.generation_batch_size,
+            device=settings.device,
+            sampling=SamplingParams(settings.temperature, settings.top_p, settings.max_new_tokens, settings.seed),
+        )
+        spec = run.dataset
+        self.dataset = load_dataset(spec.source, **spec.model_dump(exclude={"source"}))
+        self.sampler = load_sampler(run.sampler.name, **run.sampler.options)
+        self.sampler_rng = np.random.default_rng(settings.seed)
+        self.cursor = DataCursor()
+        self.step = 0
+        self.env = MathToolVectorEnv(
+            min(settings.rollout_width, settings.prompts_per_step * settings.rollouts_per_prompt),
+            config=run,
+            tokenizer=self.tokenizer,
+            max_length=settings.max_response_tokens,
+            length_unit="tokens",
+        )
+        self.logger = MetricsLogger(self.out, tensorboard=settings.tensorboard, wandb_project=settings.wandb_project,
+                                    config={"run": run.model_dump(), "trainer": settings.model_dump()})
+        if resume:
+            self.resume()
+
+    @classmethod
+    def from_config(cls, path: str | Path | dict[str, Any] | RunConfig, **overrides: Any) -> LocalTrainer:
+        run = load_config(path)
+        resume = overrides.pop("resume", True)
+        return cls(run, trainer_config(run, **overrides), resume=resume)
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+    def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises."""
+        target = self.cfg.steps if max_steps is None else min(self.cfg.steps, self.step + max_steps)
+        try:
+            while self.step < target:
+                metrics = self.train_step()
+                if on_step is not None:
+                    on_step(metrics)
+                if self.cfg.save_every and self.step % self.cfg.save_every == 0:
+                    self.save()
+        except KeyboardInterrupt:
+            self.save()
+            raise
+        finally:
+            self.logger.flush()
+        self.save()
+        if self.cfg.save_model and self.step >= self.cfg.steps:
+            self.save_model()
+
+    def train_step(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        rows = [self.dataset[i] for i in self.cursor.take(self.cfg.prompts_per_step, len(self.dataset), self.cfg.seed)]
+        jobs = jobs_for(rows, self.cfg.rollouts_per_prompt)
+        gen_before = self.policy.seconds_generating
+        self.model.eval()
+        trajectories = asyncio.run(collect(self.policy, jobs, env=self.env))
+        rollout_s = time.perf_counter() - started
+        generation_s = self.policy.seconds_generating - gen_before
+
+        groups: dict[str, list[Trajectory]] = defaultdict(list)
+        for job, trajectory in zip(jobs, trajectories, strict=True):
+            groups[str(job.row.get("id"))].append(trajectory)
+        samples, selection = self.select(list(groups.values()))
+
+        train_started = time.perf_counter()
+        update = self.update(samples) if samples else {"loss": 0.0, "grad_norm": 0.0, "skipped_update": 1.0}
+        train_s = time.perf_counter() - train_started
+        self.step += 1
+        if self.cfg.save_trajectories:
+            self._save_trajectories(trajectories)
+        metrics = {
+            "step": self.step,
+            **rollout_metrics(list(groups.values()), selection, self.cfg.group_size),
+            **update,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time/rollout_s": rollout_s,
+            "time/generation_s": generation_s,
+            "time/tools_and_reward_s": max(rollout_s - generation_s, 0.0),
+            "time/train_s": train_s,
+            "time/step_s": time.perf_counter() - started,
+            "data/epoch": self.cursor.epoch,
+        }
+        self.logger.log(metrics, self.step)
+        return metrics
+
+    def select(self, groups: Sequence[list[Trajectory]]) -> tuple[list[Sample], list[list[int] | None]]:
+        """Apply the sampler to each group and turn the kept trajectories into loss samples."""
+        kept, selection = select_groups(self.sampler, groups, self.cfg.group_size, self.sampler_rng,
+                                        self.cfg.advantage_eps)
+        samples = []
+        for trajectory, advantage in kept:
+            tokens = trajectory_tokens(trajectory)
+            samples.append(Sample(tokens.input_ids, tokens.action_mask, advantage))
+        return samples, selection
+
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """``updates_per_step`` optimizer steps over mini-batches of ``samples``."""
+        self.model.train()
+        order = np.random.default_rng([self.cfg.seed, self.step]).permutation(len(samples)).tolist()
+        minibatches = [order[i :: self.cfg.updates_per_step] for i in range(self.cfg.updates_per_step)]
+        with torch.no_grad():  # the old policy's log-probs, before any update of this step
+            old = self._per_sample_logprobs(self.model, samples)
+            ref = self._per_sample_logprobs(self.reference, samples) if self.reference is not None else None
+        totals: dict[str, list[float]] = defaultdict(list)
+        for batch in minibatches:
+            if not batch:
+                continue
+            self.optimizer.zero_grad(set_to_none=True)
+            total_tokens = sum(sum(samples[i].action_mask[1:]) for i in batch)
+            if total_tokens == 0:
+                continue
+            # Similar lengths together: less padding in each micro-batch.
+            batch = sorted(batch, key=lambda i: len(samples[i].input_ids))
+            for lo in range(0, len(batch), self.cfg.micro_batch_size):
+                micro = batch[lo : lo + self.cfg.micro_batch_size]
+                parts = self._micro_loss([samples[i] for i in micro], [old[i] for i in micro],
+                                         [ref[i] for i in micro] if ref else None, total_tokens)
+                parts.loss.backward()
+                for key in ("policy", "kl", "entropy", "clip_fraction"):
+                    totals[key].append(getattr(parts, key))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+            totals["grad_norm"].append(float(grad_norm))
+        return {
+            "loss": sum(totals["policy"]) / max(len(minibatches), 1),
+            "entropy": sum(totals["entropy"]) / max(len(minibatches), 1),
+            "kl": sum(totals["kl"]) / max(len(minibatches), 1),
+            "clip_fraction": sum(totals["clip_fraction"]) / max(len(minibatches), 1),
+            "grad_norm": fmean(totals["grad_norm"]) if totals["grad_norm"] else 0.0,
+            "train/samples": float(len(samples)),
+            "train/action_tokens": float(sum(sum(s.action_mask) for s in samples)),
+        }
+
+    def _batch(self, samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        width = max(len(s.input_ids) for s in samples)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(samples), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(samples), width), dtype=torch.long)
+        action = torch.zeros((len(samples), width), dtype=torch.long)
+        for row, s in enumerate(samples):  # right padding: positions are 0..n-1 as in generation
+            n = len(s.input_ids)
+            ids[row, :n] = torch.tensor(s.input_ids)
+            attention[row, :n] = 1
+            action[row, :n] = torch.tensor(s.action_mask)
+        device = self.cfg.device
+        return ids.to(device), attention.to(device), action.to(device)
+
+    def _per_sample_logprobs(self, model: Any, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        """Each sample's next-token log-probs (length ``len(input_ids) - 1``), computed in micro-batches."""
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
+        out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+        for lo in range(0, len(order), self.cfg.micro_batch_size):
+            micro = order[lo : lo + self.cfg.micro_batch_size]
+            ids, attention, _ = self._batch([samples[i] for i in micro])
+            logp, _ = token_logprobs(model(input_ids=ids, attention_mask=attention).logits, ids)
+            for row, i in enumerate(micro):
+                out[i] = logp[row, : len(samples[i].input_ids) - 1]
+        return out
+
+    def _micro_loss(self, samples: Sequence[Sample], old: Sequence[torch.Tensor],
+                    ref: Sequence[torch.Tensor] | None, total_tokens: int) -> Any:
+        ids, attention, action = self._batch(samples)
+        logits = self.model(input_ids=ids, attention_mask=attention).logits
+        logp, entropy = token_logprobs(logits, ids, entropy_grad=self.cfg.entropy_coef > 0)
+        width = logp.shape[1]
+        old_t = torch.stack([_pad_to(o, width) for o in old])
+        ref_t = torch.stack([_pad_to(r, width) for r in ref]) if ref else None
+        advantages = torch.tensor([s.advantage for s in samples], device=logp.device)
+        return clipped_policy_loss(
+            logp, old_t, advantages, action[:, 1:], total_tokens=total_tokens,
+            clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
+            ref_logp=ref_t, kl_coef=self.cfg.kl_coef, entropy=entropy, entropy_coef=self.cfg.entropy_coef,
+        )
+
+    def _save_trajectories(self, trajectories: Sequence[Trajectory]) -> None:
+        with (self.out / "trajectories.jsonl").open("a", encoding="utf-8") as handle:
+            for t in trajectories:
+                record = t.to_dict()
+                record["metadata"] = {**record["metadata"], "step": self.step}
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    # -- checkpoints -------------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def save(self) -> Path:
+        """Write a checkpoint of everything a resumed run needs; keep the newest ``keep_checkpoints``."""
+        path = self.checkpoint_dir / f"step_{self.step:06d}"
+        tmp = path.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        torch.save({
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "cursor": (self.cursor.epoch, self.cursor.position),
+            "sampler_rng": self.sampler_rng.bit_generator.state,
+            "policy_rng": self.policy._generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        }, tmp / "state.pt")
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)  # a checkpoint directory exists only once it is complete
+        (self.checkpoint_dir / "latest").write_text(path.name)
+        for old in sorted(self.checkpoint_dir.glob("step_*"))[: -self.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def resume(self) -> bool:
+        """Load the latest checkpoint under ``output_dir``, if any."""
+        latest = self.checkpoint_dir / "latest"
+        if not latest.exists():
+            return False
+        state = torch.load(self.checkpoint_dir / latest.read_text().strip() / "state.pt", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.cursor = DataCursor(*state["cursor"])
+        self.sampler_rng.bit_generator.state = state["sampler_rng"]
+        self.policy._generator.set_state(state["policy_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        self.logger.truncate_after(self.step)
+        _truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
+        return True
+
+    def save_model(self) -> Path:
+        path = self.out / "model"
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+    def close(self) -> None:
+        self.env.close()
+        self.logger.close()
+
+
+def select_groups(
+    sampler: Any, groups: Sequence[Sequence[Trajectory]], keep: int, rng: np.random.Generator, eps: float = 1e-6
+) -> tuple[list[tuple[Trajectory, float]], list[list[int] | None]]:
+    """``(kept trajectory, advantage)`` pairs and the sampler's raw selection per group. Advantages are normalised
+    over each group's kept trajectories only, as GRPO-RoC prescribes."""
+    kept: list[tuple[Trajectory, float]] = []
+    selection: list[list[int] | None] = []
+    for group in groups:
+        chosen = sampler.select(group, keep, rng)
+        selection.append(chosen)
+        if chosen:
+            advantages = group_advantages([group[i].reward for i in chosen], eps)
+            kept += [(group[i], a) for i, a in zip(chosen, advantages, strict=True)]
+    return kept, selection
+
+
+def rollout_metrics(
+    groups: Sequence[Sequence[Trajectory]], selection: Sequence[list[int] | None], keep: int
+) -> dict[str, float]:
+    """Reward, accuracy, tool use and the sampler's group statistics of one step's rollouts."""
+    from rstar_plugins.samplers.stats import batch_stats  # what the paper plots: kept vs dropped positives
+
+    trajectories = [t for group in groups for t in group]
+    n = len(trajectories)
+    correct = [t for t in trajectories if t.reward > 0]
+    calls = sum(t.num_tool_calls for t in trajectories)
+    correct_calls = sum(t.num_tool_calls for t in correct)
+    lengths = [t.response_tokens or 0 for t in trajectories]
+    metrics = {
+        "reward": fmean(t.reward for t in trajectories),
+        "accuracy": len(correct) / n,
+        "tool_calls_per_trajectory": calls / n,
+        "tool_error_ratio": sum(t.num_tool_errors for t in trajectories) / calls if calls else 0.0,
+        "tool_error_ratio_correct": (
+            sum(t.num_tool_errors for t in correct) / correct_calls if correct_calls else 0.0
+        ),
+        "response_tokens": fmean(lengths),
+        "response_tokens_max": float(max(lengths)),
+        "truncated_ratio": sum(t.end_reason == "length" for t in trajectories) / n,
+        "groups_kept": float(sum(s is not None for s in selection)),
+        "groups_dropped": float(sum(s is None for s in selection)),
+    }
+    metrics.update({f"sampler/{k}": float(v) for k, v in batch_stats(groups, list(selection), keep).items()})
+    return metrics
+
+
+def _truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
+    if path.exists():
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        kept = [line for line in lines if keep(json.loads(line))]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    return t if t.shape[0] == width else torch.nn.functional.pad(t, (0, width - t.shape[0]))
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
