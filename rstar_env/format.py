@@ -128,7 +128,7 @@ def extract_answer(
     135M model): a response with neither block nor box answers with its last number. Never use it to compare
     with published results.
     """
-    found = _extract_formatted(text, answer_block=answer_block, boxed=boxed, fallback=fallback)
+    found = _extract_formatted(text, answer_block=answer_block, boxed=boxed, fallback=fallback) or None
     if found is None and last_number:
         numbers = _NUMBER.findall(text)
         return numbers[-1].replace(",", "") if numbers else None

@@ -49,7 +49,7 @@ def test_wrong_answer_scores_zero(env):
 )
 def test_bad_calls_become_tool_responses(env, action, needle):
     env.reset(options=PROBLEM)
-    obs, reward, terminated, truncated, info = env.step(action)
+    obs, _reward, terminated, truncated, info = env.step(action)
     assert not terminated and not truncated
     assert needle in obs
     traj = info["trajectory"]

@@ -9,7 +9,8 @@ from rstar_env.format import (
 
 
 def test_parse_several_calls_in_order():
-    text = "think\n" + format_tool_call("python", {"code": "1+1"}) + "\nmore\n" + format_tool_call("echo", {"text": "é"})
+    first, second = format_tool_call("python", {"code": "1+1"}), format_tool_call("echo", {"text": "é"})
+    text = f"think\n{first}\nmore\n{second}"
     calls = parse_tool_calls(text)
     assert [(c.name, c.arguments, c.error) for c in calls] == [
         ("python", {"code": "1+1"}, None),

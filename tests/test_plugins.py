@@ -105,7 +105,8 @@ def test_runtime_registration_and_unknown_names(echo_plugins):
     with pytest.raises(PluginError) as err:
         load_tool("nope")
     message = str(err.value)
-    assert "unknown tool 'nope'" in message and "echo (from runtime)" in message and "python (from rstar-env)" in message
+    assert "unknown tool 'nope'" in message
+    assert "echo (from runtime)" in message and "python (from rstar-env)" in message
 
 
 def test_bad_options_name_the_plugin(echo_plugins):

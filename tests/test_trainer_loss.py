@@ -78,7 +78,7 @@ def test_grpo_and_roc_differ_exactly_where_they_should():
     roc = load_sampler("roc")
     grpo = load_sampler("grpo")
     kept_roc, sel_roc = select_groups(roc, [group], 4, np.random.default_rng(0))
-    kept_grpo, sel_grpo = select_groups(grpo, [group], 4, np.random.default_rng(0))
+    _kept_grpo, sel_grpo = select_groups(grpo, [group], 4, np.random.default_rng(0))
     # RoC: neg_keep = round(4 * 4 / 8) = 2, pos_keep = 2; the two positives with the fewest tool errors.
     positives = [i for i in sel_roc[0] if group[i].reward > 0]
     assert sorted(positives) == [1, 2]

@@ -52,7 +52,7 @@ def test_make_vec_shares_plugins(vec):
 def test_tool_calls_of_all_episodes_overlap(vec):
     vec.reset(options={"rows": ROWS})
     start = time.perf_counter()
-    obs, rewards, term, trunc, infos = vec.step([tool_call("sleep", seconds=0.5)] * 16)
+    obs, _rewards, term, trunc, _infos = vec.step([tool_call("sleep", seconds=0.5)] * 16)
     elapsed = time.perf_counter() - start
     assert all("slept 0.5" in o for o in obs)
     assert elapsed < 2.0, f"16 concurrent 0.5 s tool calls took {elapsed:.2f} s: they did not overlap"
@@ -62,13 +62,13 @@ def test_tool_calls_of_all_episodes_overlap(vec):
 def test_rewards_terminations_and_autoreset(vec):
     vec.reset(options={"rows": ROWS})
     actions = [answer(i) if i % 2 == 0 else tool_call("echo", text="hi") for i in range(16)]
-    obs, rewards, term, trunc, infos = vec.step(actions)
+    obs, rewards, term, _trunc, infos = vec.step(actions)
     np.testing.assert_array_equal(rewards, [1.0 if i % 2 == 0 else 0.0 for i in range(16)])
     np.testing.assert_array_equal(term, [i % 2 == 0 for i in range(16)])
     assert infos["_trajectory"].all()
     assert infos["trajectory"][0].final_answer == "0" and infos["trajectory"][1].num_tool_calls == 1
     # NEXT_STEP autoreset: the finished sub-envs reset (action ignored); the others go on.
-    obs, rewards, term, trunc, infos = vec.step([answer(0)] * 16)
+    obs, rewards, term, _trunc, infos = vec.step([answer(0)] * 16)
     assert "<|im_start|>system" in obs[0]  # a fresh prompt from the default dataset
     assert infos["trajectory"][0].turns == []
     assert term[1] and rewards[1] == 0.0  # p1's answer is 1, it answered 0

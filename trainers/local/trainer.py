@@ -31,9 +31,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
-from rstar_trainers.local.logging import MetricsLogger
-from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, token_logprobs
 
 from rstar_env.config import RunConfig, load_config
 from rstar_env.data import load_dataset
@@ -43,6 +40,9 @@ from rstar_env.rollout.local import TransformersPolicy, load_model
 from rstar_env.rollout.policy import SamplingParams
 from rstar_env.trajectory import Trajectory
 from rstar_env.vector import MathToolVectorEnv
+from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
+from rstar_trainers.local.logging import MetricsLogger
+from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, token_logprobs
 
 
 @dataclass

@@ -1,0 +1,172 @@
+"""The exact fast path: answers that are plain numbers, compared in-process without sympy.
+
+Most RL math data (AIME, DAPO-Math, GSM8K) has integer or simple rational answers. Comparing them through
+math-verify costs milliseconds of sympy and a process hop; comparing two :class:`~fractions.Fraction` values costs
+microseconds. :func:`parse_number` normalises the usual LaTeX decorations away and reads what is left as an exact
+rational; :func:`compare_numbers` decides a pair only when exact arithmetic settles it and returns ``None`` (defer
+to math-verify) when it does not:
+
+* equal values are equal (``"1/2"``, ``"0.5"``, ``"\\dfrac{1}{2}"``, ``"50\\%"`` against ``"50"``);
+* two different values are a mismatch, except a decimal close to a value with no finite decimal expansion
+  (``0.333333`` for ``1/3``): it may be a rounding, which math-verify judges (it accepts six-digit rounding), so
+  that pair goes to it. Two different terminating decimals are a mismatch even when close (``0.1000001`` is not
+  ``0.1``; math-verify's six-digit rounding says it is: one of its false positives this path removes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+# Decorations that carry no value: math-mode delimiters, LaTeX spacing, \left/\right, display-style fractions.
+# "\\left." / "\\right." are null delimiters: the dot goes with them (else "\\left. 7" would read as .7).
+_SPACING = re.compile(r"\\[,;:! ]|~|\\quad|\\qquad|\\(?:left|right)\.?|\\displaystyle")
+_DOLLAR = re.compile(r"\\\$|\$")
+# A trailing unit in text mode: "5\text{ cm}". Only at the very end, so "5\text{ or }6" is never read as 56 and
+# "5\text{ m}^2" (not at the end) is left to math-verify.
+_TRAILING_TEXT = re.compile(r"\\(?:text|textrm|textbf|mbox|mathrm|operatorname)\s*\{\s*[A-Za-z][A-Za-z .\-]*\}$")
+_WHOLE_TEXT = re.compile(r"^\\(?:text|textrm|textbf|mbox|mathrm|mathbf|boxed)\s*\{([^{}]*)\}$")
+_TEXT_WORDS = re.compile(r"(?<=\d)\s+([A-Za-z]+(?:\s+[A-Za-z]+)?)$")
+# Words that change a number's value, so "\text{5 and a half}" or "\text{3 hundred}" is never read as the digits.
+_VALUE_WORDS = frozenset({
+    "and", "or", "plus", "minus", "times", "over", "half", "third", "thirds", "quarter", "quarters", "hundred",
+    "hundreds", "thousand", "thousands", "million", "millions", "billion", "percent", "dozen", "squared", "cubed",
+})
+_DEGREES = re.compile(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree)$")
+_PERCENT = re.compile(r"\\?%$")
+# "x = 5", "n=12", "a_1 = 3": a single variable assigned a value; math-verify treats it as the value.
+_ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?=(?!=)")
+
+_INT = re.compile(r"[+-]?\d+")
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
+_SLASH = re.compile(r"([+-]?\d+)/([+-]?\d+)")
+_FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+_FRAC_SHORT = re.compile(r"([+-]?)\\frac(\d)(\d)")  # "\frac12"
+_FRAC_MIXED = re.compile(r"([+-]?)\\frac(\d)\{([+-]?\d+)\}|([+-]?)\\frac\{([+-]?\d+)\}(\d)")
+
+_SPACE_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?: +\d{3})+(?:\.\d+)?")
+_LOOSE_SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")
+
+_MAX_CHARS = 200
+"""Longer strings are not plain numbers worth parsing here (and huge digit strings stay out of int())."""
+
+
+@dataclass(frozen=True)
+class Number:
+    """An answer read as an exact rational. ``inexact``: written as a decimal (possibly rounded);
+    ``percent``: written with a percent sign (so 50% may mean 50 or 0.5)."""
+
+    value: Fraction
+    inexact: bool = False
+    percent: bool = False
+
+
+def clean(text: str) -> str:
+    """Strip the decorations that never change a numeric value (see module docstring). Not a general LaTeX
+    normaliser: the result is only meant for :func:`parse_number`."""
+    s = text.strip().replace("\u2212", "-").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _DOLLAR.sub("", s)
+    s = _SPACING.sub(" ", s).strip()
+    s = s.replace("{,}", ",")
+    for _ in range(3):  # a few layers of decoration, e.g. "\text{5}^\circ."; bounded, no loops on odd input
+        before = s
+        s = s.rstrip(" .")
+        whole = _WHOLE_TEXT.match(s)
+        if whole:
+            # Inside \\text{} letters are words, not variables: "\\text{6 apples}" is 6 with a unit.
+            s = whole.group(1).strip()
+            if whole.group(0).startswith("\\text"):
+                s = _strip_unit_words(s)
+        s = _TRAILING_TEXT.sub("", s).rstrip()
+        s = _DEGREES.sub("", s).rstrip()
+        if len(s) > 1 and s[0] == "{" and s[-1] == "}" and "{" not in s[1:-1] and "}" not in s[1:-1]:
+            s = s[1:-1].strip()
+        if s == before:
+            break
+    if _SPACE_THOUSANDS.fullmatch(s):  # "1\\,000" or "1 000": a thin-space thousands separator
+        return s.replace(" ", "")
+    # Whitespace between two digits stays, so "2 3" is never read as 23; all other whitespace goes.
+    return _LOOSE_SPACE.sub("", s)
+
+
+def _strip_unit_words(s: str) -> str:
+    words = _TEXT_WORDS.search(s)
+    if words and not any(w.lower() in _VALUE_WORDS for w in words.group(1).split()):
+        return s[: words.start()]
+    return s
+
+
+def parse_number(text: str) -> Number | None:
+    """``text`` as an exact number, or ``None`` when it is anything else (an expression, a set, words...)."""
+    if len(text) > _MAX_CHARS:
+        return None
+    s = clean(text)
+    s = _ASSIGNMENT.sub("", s, count=1)
+    percent = False
+    if _PERCENT.search(s):
+        s = _PERCENT.sub("", s)
+        percent = True
+    if not s or len(s) > 60:  # 60 digits is far beyond any answer; keeps int() cheap
+        return None
+    if _INT.fullmatch(s):
+        return Number(Fraction(int(s)), percent=percent)
+    if _THOUSANDS.fullmatch(s):
+        plain = s.replace(",", "")
+        return Number(Fraction(plain), inexact="." in plain, percent=percent)
+    if _DECIMAL.fullmatch(s):
+        return Number(Fraction(s), inexact=True, percent=percent)
+    match = _SLASH.fullmatch(s)
+    if match:
+        return _fraction("", match.group(1), match.group(2), percent)
+    match = _FRAC.fullmatch(s) or _FRAC_SHORT.fullmatch(s)
+    if match:
+        return _fraction(match.group(1), match.group(2), match.group(3), percent)
+    match = _FRAC_MIXED.fullmatch(s)
+    if match:
+        groups = match.groups()
+        sign, num, den = groups[0:3] if groups[1] is not None else groups[3:6]
+        return _fraction(sign or "", num, den, percent)
+    return None
+
+
+def _fraction(sign: str, num: str, den: str, percent: bool) -> Number | None:
+    if int(den) == 0:
+        return None
+    value = Fraction(int(num), int(den))
+    return Number(-value if sign == "-" else value, percent=percent)
+
+
+def _terminates(value: Fraction) -> bool:
+    """Has a finite decimal expansion (the denominator has no prime factor but 2 and 5)."""
+    den = value.denominator
+    for prime in (2, 5):
+        while den % prime == 0:
+            den //= prime
+    return den == 1
+
+
+def _maybe_rounding(a: Fraction, b: Fraction) -> bool:
+    # A decimal may stand for a rounded non-terminating value (0.333333 for 1/3), which math-verify accepts at six
+    # digits. Two terminating values that differ are simply different (0.1000001 is not 0.1, 1.9999999 is not 2).
+    if _terminates(a) and _terminates(b):
+        return False
+    return abs(a - b) <= Fraction(1, 10_000) * max(1, abs(a), abs(b))
+
+
+def compare_numbers(pred: Number, gold: Number) -> bool | None:
+    """``True``/``False`` when the pair is decided exactly, ``None`` when math-verify should decide."""
+    preds = [pred.value]
+    if pred.percent and not gold.percent:
+        preds.append(pred.value / 100)  # "50%" for 0.5: math-verify accepts both readings
+    golds = [gold.value]
+    if gold.percent and not pred.percent:
+        golds.append(gold.value / 100)
+    if any(p == g for p in preds for g in golds):
+        return True
+    if not (pred.inexact or gold.inexact):
+        return False
+    if any(_maybe_rounding(p, g) for p in preds for g in golds):
+        return None
+    return False

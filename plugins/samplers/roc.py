@@ -1,0 +1,169 @@
+"""``roc``: GRPO-RoC's Resample-on-Correct group sampler (rStar2-Agent, DESIGN.md "GRPO-RoC, precisely").
+
+From a group of ``n`` rollouts of one prompt (usually ``n = 2G``), keep ``G = keep``:
+
+1. Drop the group (return ``None``) when it has fewer than ``keep`` rollouts, or when every reward is equal
+   (no learning signal).
+2. Positives: reward > 0; negatives: the rest. ``neg_keep = round(|neg| * keep / n)`` with Python's ``round``
+   (half to even), ``pos_keep = keep - neg_keep``. If ``neg_keep < min(min_negative, |neg|)`` it is raised to that
+   and ``pos_keep`` recomputed; then the same for positives (so when both minimums cannot hold, as with
+   ``keep < min_positive + min_negative``, the positive minimum wins). ``pos_keep`` is finally capped at ``keep``.
+   See :func:`roc_counts`.
+3. Negatives: a uniform sample without replacement of ``neg_keep`` of them,
+   ``rng.choice(negatives, size=neg_keep, replace=False)`` (no filtering: failures stay diverse).
+4. Positives: penalty ``p_err + p_format`` (see :func:`penalty`); ``mode="topk"`` keeps the ``pos_keep`` lowest
+   penalties, ties broken by rollout order (the reference implementation); ``mode="weighted"`` draws ``pos_keep``
+   without replacement with probability proportional to ``1 / (penalty + eps)`` (the paper's wording), as
+   ``rng.choice(positives, size=pos_keep, replace=False, p=w / w.sum())``.
+
+The counts always fit: ``pos_keep <= |pos|`` and ``neg_keep <= |neg|`` hold for every group (``keep <= n``), so
+the result has exactly ``keep`` indices. (Proof: initially ``|pos| - pos_keep = (n - keep) |pos| / n + d`` with
+``|d| <= 1/2`` and the left side an integer, so it is >= 0; raising one count only ever lowers the other, and each
+raise is capped by the size of its own side.) The property tests check this for every group up to 64 rollouts.
+
+Randomness: negatives are drawn first, then (``weighted`` only) positives, and a draw of size 0 consumes nothing,
+so a seeded ``numpy.random.Generator`` gives the same selection every time. The result lists indices in
+increasing (rollout) order.
+
+Only the summary attributes ``reward``, ``num_tool_calls``, ``num_tool_errors``, ``num_answer_blocks`` and
+``num_assistant_turns`` are read; tool errors come from the structured counts, never from output text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from rstar_env.sampler import TrajectorySummary
+
+from .basic import as_generator, check_keep, rewards_equal
+
+Mode = Literal["topk", "weighted"]
+
+
+def error_penalty(traj: TrajectorySummary) -> float:
+    """``p_err``: tool calls that failed / all tool calls; 0.5 when the rollout made no tool call at all (a
+    rollout that never used the tool is neither clean nor broken: it sits between)."""
+    calls = int(traj.num_tool_calls)
+    if calls <= 0:
+        return 0.5
+    return int(traj.num_tool_errors) / calls
+
+
+def format_penalty(traj: TrajectorySummary) -> float:
+    """``p_format``: 1 with no ``<answer>`` block, else ``min(1, (answer blocks - 1) / assistant turns)``."""
+    blocks = int(traj.num_answer_blocks)
+    if blocks <= 0:
+        return 1.0
+    return min(1.0, (blocks - 1) / max(1, int(traj.num_assistant_turns)))
+
+
+def penalty(traj: TrajectorySummary, *, error_ratio: bool = True, answer_format: bool = True) -> float:
+    """The RoC penalty of a positive rollout: ``p_err + p_format``, each term switchable."""
+    total = 0.0
+    if error_ratio:
+        total += error_penalty(traj)
+    if answer_format:
+        total += format_penalty(traj)
+    return total
+
+
+def roc_counts(
+    num_pos: int, num_neg: int, keep: int, *, min_positive: int = 2, min_negative: int = 2
+) -> tuple[int, int]:
+    """``(pos_keep, neg_keep)`` for a group with ``num_pos`` positives and ``num_neg`` negatives (step 2 above).
+
+    Requires ``1 <= keep <= num_pos + num_neg``. The result satisfies ``pos_keep + neg_keep == keep``,
+    ``0 <= pos_keep <= num_pos`` and ``0 <= neg_keep <= num_neg``.
+    """
+    n = num_pos + num_neg
+    if not 1 <= keep <= n:
+        raise ValueError(f"roc_counts needs 1 <= keep <= group size, got keep={keep} for a group of {n}")
+    neg_keep = round(num_neg * keep / n)  # round half to even, as the reference implementation
+    pos_keep = keep - neg_keep
+    floor_neg = min(min_negative, num_neg)
+    if neg_keep < floor_neg:
+        neg_keep = floor_neg
+        pos_keep = keep - neg_keep
+    floor_pos = min(min_positive, num_pos)
+    if pos_keep < floor_pos:
+        pos_keep = floor_pos
+        neg_keep = keep - pos_keep
+    # keep < min_positive (e.g. keep=1): the positive floor cannot be met by a group of `keep`; keep all positives.
+    pos_keep = min(pos_keep, keep)
+    neg_keep = keep - pos_keep
+    return pos_keep, neg_keep
+
+
+class RoCSampler:
+    """GRPO-RoC group sampler; the exact behaviour is in the module docstring.
+
+    Options: ``min_positive`` / ``min_negative`` (default 2), ``mode`` (``"topk"`` or ``"weighted"``),
+    ``roc_error_ratio`` / ``roc_answer_format`` (switch the two penalty terms), ``eps`` (weighted mode: weight is
+    ``1 / (penalty + eps)``, so a zero-penalty rollout gets a large but finite weight).
+    """
+
+    name: ClassVar[str] = "roc"
+
+    def __init__(
+        self,
+        *,
+        min_positive: int = 2,
+        min_negative: int = 2,
+        mode: Mode = "topk",
+        roc_error_ratio: bool = True,
+        roc_answer_format: bool = True,
+        eps: float = 1e-2,
+    ) -> None:
+        if mode not in ("topk", "weighted"):
+            raise ValueError(f"roc sampler: mode must be 'topk' or 'weighted', got {mode!r}")
+        if min_positive < 0 or min_negative < 0:
+            raise ValueError(f"roc sampler: min_positive and min_negative must be >= 0, got "
+                             f"{min_positive} and {min_negative}")
+        if not eps > 0:
+            raise ValueError(f"roc sampler: eps must be > 0 (weights are 1 / (penalty + eps)), got {eps}")
+        self.min_positive = int(min_positive)
+        self.min_negative = int(min_negative)
+        self.mode: Mode = mode
+        self.roc_error_ratio = roc_error_ratio
+        self.roc_answer_format = roc_answer_format
+        self.eps = float(eps)
+
+    def penalty(self, traj: TrajectorySummary) -> float:
+        return penalty(traj, error_ratio=self.roc_error_ratio, answer_format=self.roc_answer_format)
+
+    def select(self, group: Sequence[TrajectorySummary], keep: int, rng: Any) -> list[int] | None:
+        check_keep(keep)
+        n = len(group)
+        if n < keep:
+            return None
+        rewards = [float(t.reward) for t in group]
+        if rewards_equal(rewards):
+            return None
+        positives = [i for i, r in enumerate(rewards) if r > 0]
+        negatives = [i for i, r in enumerate(rewards) if not r > 0]
+        pos_keep, neg_keep = roc_counts(
+            len(positives), len(negatives), keep, min_positive=self.min_positive, min_negative=self.min_negative
+        )
+        generator = as_generator(rng)
+        kept: list[int] = []
+        if neg_keep:
+            kept += [int(i) for i in generator.choice(negatives, size=neg_keep, replace=False)]
+        if pos_keep:
+            penalties = [self.penalty(group[i]) for i in positives]
+            if self.mode == "topk":
+                # sorted() is stable, so equal penalties keep rollout order.
+                order = sorted(range(len(positives)), key=lambda j: penalties[j])
+                kept += [positives[j] for j in order[:pos_keep]]
+            else:
+                weights = 1.0 / (np.asarray(penalties, dtype=float) + self.eps)
+                drawn = generator.choice(positives, size=pos_keep, replace=False, p=weights / weights.sum())
+                kept += [int(i) for i in drawn]
+        return sorted(kept)
+
+    def __repr__(self) -> str:
+        return (f"RoCSampler(mode={self.mode!r}, min_positive={self.min_positive}, "
+                f"min_negative={self.min_negative}, roc_error_ratio={self.roc_error_ratio}, "
+                f"roc_answer_format={self.roc_answer_format}, eps={self.eps})")
