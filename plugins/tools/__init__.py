@@ -1,8 +1,7 @@
 """Built-in tool plugins, registered through the ``rstar_env`` entry-point group like a user's."""
 
-from rstar_plugins.tools.python import PythonTool
-
 from rstar_env.plugins import hookimpl
+from rstar_plugins.tools.python import PythonTool
 
 
 @hookimpl

@@ -1,0 +1,374 @@
+"""``rstar-env bench sandbox``: the ``local`` fork-server pool against the ``subprocess`` baseline, side by side.
+
+Workloads (each measured on every backend, at concurrency 1 and at 4x the cores, in one run):
+
+* **print**: ``print(1 + 1)``, the floor cost of one tool call;
+* **sympy**: import sympy and simplify an expression (a typical math-tool call);
+* **session**: a stateful episode of two calls (define, then use) and ``close_session``: one op = 2 calls.
+
+Each (backend, workload, concurrency) cell runs ``--calls`` ops or until ``--budget-s`` seconds pass, whichever
+comes first (the baseline is slow), after a warm-up. Latency is per op as the caller sees it (queueing
+included); ops/s is ops over wall time. Ratios compare every backend with ``subprocess``.
+
+``--soak N`` then runs N mixed calls on a fresh ``local`` pool and reports what leaked: processes below this
+one beyond the pool's own, file descriptors of this process, and the pool's memory (PSS of the zygote and its
+idle workers) before and after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from rstar_env.sandbox import BACKENDS, Sandbox, create_sandbox
+
+SYMPY_CODE = """\
+import sympy as sp
+x = sp.symbols("x")
+print(sp.simplify((x**3 - 1) / (x - 1)))
+"""
+"""A typical tool call: the import dominates a fresh interpreter; the simplification itself takes ~5-10 ms."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    run: Callable[[Sandbox, str], Awaitable[bool]]
+    """One op on a sandbox; ``tag`` is unique per op. Returns whether the output was right."""
+
+
+async def _print(box: Sandbox, tag: str) -> bool:
+    result = await box.execute("print(1 + 1)")
+    return result.ok and result.stdout == "2\n"
+
+
+async def _sympy(box: Sandbox, tag: str) -> bool:
+    result = await box.execute(SYMPY_CODE)
+    return result.ok and result.stdout == "x**2 + x + 1\n"
+
+
+async def _session(box: Sandbox, tag: str) -> bool:
+    first = await box.execute("a = 6 * 7", session=tag)
+    second = await box.execute("print(a)", session=tag)
+    await box.close_session(tag)
+    return first.ok and second.stdout == "42\n"
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("print", "print(1 + 1)", _print),
+        Workload("sympy", "import sympy; simplify an expression", _sympy),
+        Workload("session", "stateful: 2 calls + close", _session),
+    )
+}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def measure(box: Sandbox, workload: Workload, concurrency: int, calls: int, budget_s: float) -> dict[str, Any]:
+    """Run ``calls`` ops of ``workload`` from ``concurrency`` concurrent clients (or until ``budget_s``)."""
+    latencies: list[float] = []
+    failures = 0
+    tickets = itertools.count()
+    deadline = time.perf_counter() + budget_s
+
+    async def client(index: int) -> None:
+        nonlocal failures
+        while time.perf_counter() < deadline:
+            ticket = next(tickets)
+            if ticket >= calls:
+                return
+            start = time.perf_counter()
+            ok = await workload.run(box, f"bench-{index}-{ticket}")
+            latencies.append(time.perf_counter() - start)
+            failures += not ok
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    wall = time.perf_counter() - start
+    return {
+        "ops": len(latencies),
+        "failures": failures,
+        "p50_ms": _percentile(latencies, 0.50) * 1000,
+        "p99_ms": _percentile(latencies, 0.99) * 1000,
+        "mean_ms": statistics.fmean(latencies) * 1000 if latencies else float("nan"),
+        "ops_per_s": len(latencies) / wall if wall > 0 else float("nan"),
+    }
+
+
+async def run_bench(
+    backends: list[str],
+    workloads: list[str],
+    concurrencies: list[int],
+    calls: int,
+    budget_s: float,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Every (backend, workload, concurrency) cell, plus ratios against ``subprocess``."""
+    rows: list[dict[str, Any]] = []
+    for backend in backends:
+        options: dict[str, Any] = {"max_concurrency": max(concurrencies), "timeout_s": 30.0}
+        start = time.perf_counter()
+        async with create_sandbox(backend, **options) as box:
+            startup_s = time.perf_counter() - start
+            for name in workloads:
+                workload = WORKLOADS[name]
+                for _ in range(3):  # warm-up: caches, spares, lazy imports of the backend itself
+                    await workload.run(box, f"warmup-{name}")
+                for concurrency in concurrencies:
+                    progress(f"{backend} {name} x{concurrency}")
+                    cell = await measure(box, workload, concurrency, calls, budget_s)
+                    rows.append({"backend": backend, "workload": name, "concurrency": concurrency, **cell})
+        rows.append({"backend": backend, "workload": "startup", "concurrency": 0, "startup_s": startup_s})
+    return {"cpu_count": os.cpu_count(), "rows": rows, "ratios": _ratios(rows)}
+
+
+def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    base = {(r["workload"], r["concurrency"]): r for r in rows if r["backend"] == "subprocess" and "ops" in r}
+    ratios = []
+    for row in rows:
+        ref = base.get((row["workload"], row["concurrency"]))
+        if row["backend"] == "subprocess" or ref is None or "ops" not in row:
+            continue
+        ratios.append(
+            {
+                "backend": row["backend"],
+                "workload": row["workload"],
+                "concurrency": row["concurrency"],
+                "p50_speedup": ref["p50_ms"] / row["p50_ms"],
+                "throughput_ratio": row["ops_per_s"] / ref["ops_per_s"],
+            }
+        )
+    return ratios
+
+
+# ------------------------------------------------------------------------------------------------------- soak
+
+SOAK_MIX: list[tuple[str, str]] = [
+    ("print(1 + 1)", ""),
+    ("1 / 0", ""),
+    ("import sys\nprint(sys.stdin.read().upper())", "soak\n"),
+    ("import subprocess\nsubprocess.Popen(['sleep', '30'])", ""),  # a child left behind: must be reaped
+    ("x = [i * i for i in range(1000)]\nsum(x)", ""),
+]
+
+
+def _pss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _descendants() -> list[int]:
+    from rstar_env.sandbox import _proctree
+
+    return _proctree.descendants(os.getpid())
+
+
+def _settle(box: Any, expected: int, timeout_s: float = 10.0) -> None:
+    """Wait until the pool is back to its resting shape (every spare forked and idle) for a moment."""
+    deadline = time.monotonic() + timeout_s
+    steady_since = None
+    while time.monotonic() < deadline:
+        if len(box.pool.processes()) == expected:
+            steady_since = steady_since or time.monotonic()
+            if time.monotonic() - steady_since > 0.3:
+                return
+        else:
+            steady_since = None
+        time.sleep(0.02)
+
+
+async def soak(n: int, concurrency: int, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """``n`` mixed calls on a fresh ``local`` pool; leaks of processes, descriptors and memory."""
+    from rstar_env.sandbox.local import LocalSandbox
+
+    box = LocalSandbox(max_concurrency=concurrency, timeout_s=10.0)
+    await asyncio.to_thread(box.start)
+    expected = box.pool.resting_size()
+    for code, stdin in SOAK_MIX * 4:
+        await box.execute(code, stdin=stdin)
+    await asyncio.to_thread(_settle, box, expected)
+    before = {
+        "processes": len(_descendants()),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "pool_pss_kib": _pss_kib(box.pool.processes()),
+    }
+    tickets = itertools.count()
+    statuses: dict[str, int] = {}
+
+    async def client() -> None:
+        while (ticket := next(tickets)) < n:
+            code, stdin = SOAK_MIX[ticket % len(SOAK_MIX)]
+            result = await box.execute(code, stdin=stdin)
+            statuses[result.status] = statuses.get(result.status, 0) + 1
+            if ticket % 1000 == 0:
+                progress(f"soak {ticket}/{n}")
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    await asyncio.to_thread(_settle, box, expected)
+    after = {
+        "processes": len(_descendants()),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "pool_pss_kib": _pss_kib(box.pool.processes()),
+    }
+    restarts = box.pool.restarts
+    await box.aclose()
+    return {
+        "calls": n,
+        "concurrency": concurrency,
+        "calls_per_s": n / wall,
+        "statuses": statuses,
+        "before": before,
+        "after": after,
+        "leaked_processes": after["processes"] - before["processes"],
+        "leaked_fds": after["fds"] - before["fds"],
+        "pool_memory_growth": (after["pool_pss_kib"] - before["pool_pss_kib"]) / max(1, before["pool_pss_kib"]),
+        "pool_restarts": restarts,
+        "processes_after_close": len(_descendants()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------- output
+
+
+def _print_tables(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if results.get("rows"):
+        table = Table(title=f"sandbox latency and throughput ({results['cpu_count']} cores)")
+        for column in ("backend", "workload", "conc.", "ops", "p50 ms", "p99 ms", "ops/s", "fails"):
+            table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
+        for row in results["rows"]:
+            if "ops" not in row:
+                continue
+            table.add_row(
+                row["backend"],
+                row["workload"],
+                str(row["concurrency"]),
+                str(row["ops"]),
+                f"{row['p50_ms']:.1f}",
+                f"{row['p99_ms']:.1f}",
+                f"{row['ops_per_s']:.1f}",
+                str(row["failures"]),
+            )
+        console.print(table)
+        startups = ", ".join(
+            f"{r['backend']} {r['startup_s']:.2f} s" for r in results["rows"] if r["workload"] == "startup"
+        )
+        console.print(f"start-up: {startups}")
+    if results.get("ratios"):
+        table = Table(title="against the subprocess baseline")
+        for column in ("backend", "workload", "conc.", "p50 speed-up", "throughput ratio"):
+            table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
+        for ratio in results["ratios"]:
+            table.add_row(
+                ratio["backend"],
+                ratio["workload"],
+                str(ratio["concurrency"]),
+                f"{ratio['p50_speedup']:.1f}x",
+                f"{ratio['throughput_ratio']:.1f}x",
+            )
+        console.print(table)
+    soaked = results.get("soak")
+    if soaked:
+        table = Table(title=f"soak: {soaked['calls']} calls on local at concurrency {soaked['concurrency']}")
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        table.add_row("calls/s", f"{soaked['calls_per_s']:.1f}")
+        table.add_row("statuses", ", ".join(f"{k} {v}" for k, v in sorted(soaked["statuses"].items())))
+        table.add_row("leaked processes", str(soaked["leaked_processes"]))
+        table.add_row("leaked fds", str(soaked["leaked_fds"]))
+        table.add_row(
+            "pool memory (PSS)",
+            f"{soaked['before']['pool_pss_kib'] / 1024:.1f} -> {soaked['after']['pool_pss_kib'] / 1024:.1f} MiB "
+            f"({soaked['pool_memory_growth']:+.1%})",
+        )
+        table.add_row("pool restarts", str(soaked["pool_restarts"]))
+        table.add_row("processes after close", str(soaked["processes_after_close"]))
+        console.print(table)
+
+
+@click.command("sandbox")
+@click.option("--calls", default=200, show_default=True, help="Ops per (backend, workload, concurrency) cell.")
+@click.option("--budget-s", default=15.0, show_default=True, help="Time cap per cell (the baseline is slow).")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    default=("local", "subprocess"),
+    show_default=True,
+    help="Backends to compare (repeatable); ratios are against subprocess.",
+)
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    type=click.Choice(sorted(WORKLOADS)),
+    default=tuple(WORKLOADS),
+    show_default=True,
+    help="Workloads (repeatable).",
+)
+@click.option(
+    "--concurrency",
+    "concurrencies",
+    multiple=True,
+    type=int,
+    help="Concurrent callers (repeatable) [default: 1 and 4 x cores].",
+)
+@click.option("--soak", "soak_calls", default=0, show_default=True, help="Also run N mixed calls and count leaks.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
+def command(
+    calls: int,
+    budget_s: float,
+    backends: tuple[str, ...],
+    workloads: tuple[str, ...],
+    concurrencies: tuple[int, ...],
+    soak_calls: int,
+    as_json: bool,
+) -> None:
+    """Latency and throughput of the local sandbox pool against a fresh interpreter per call."""
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        raise click.BadParameter(f"unknown backend(s) {unknown}; choose from {sorted(BACKENDS)}")
+    levels = list(concurrencies) or [1, 4 * (os.cpu_count() or 1)]
+    progress = (lambda _: None) if as_json else (lambda text: click.echo(f"  ... {text}", err=True))
+
+    async def everything() -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        if calls > 0 and backends and workloads:
+            results = await run_bench(list(backends), list(workloads), levels, calls, budget_s, progress)
+        if soak_calls > 0:
+            results["soak"] = await soak(soak_calls, 4 * (os.cpu_count() or 1), progress)
+        return results
+
+    results = asyncio.run(everything())
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        _print_tables(results)

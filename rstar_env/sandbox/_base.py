@@ -1,0 +1,277 @@
+"""The async face of the process backends: a private thread pool, sessions, and the per-call flow.
+
+Every backend method that blocks runs on the sandbox's own :class:`~concurrent.futures.ThreadPoolExecutor`
+(``max_concurrency`` threads) and is awaited with ``loop.run_in_executor``. Nothing is bound to an event loop, so
+one sandbox serves any loop, several loops in turn, and plain threads. The executor is also the back-pressure:
+thousands of concurrent ``execute`` calls wait in its queue while at most ``max_concurrency`` workers run.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ExecResult, SandboxError, _client
+
+
+@dataclass
+class _Session:
+    """A named session: its worker, and a ticket queue that runs its calls one at a time in submission order
+    (a plain lock would not: threads acquire it in no particular order)."""
+
+    turn: threading.Condition = field(default_factory=threading.Condition)
+    next_ticket: int = 0
+    serving: int = 0
+    worker: _client.Worker | None = None
+
+    def take_ticket(self) -> int:
+        ticket, self.next_ticket = self.next_ticket, self.next_ticket + 1
+        return ticket
+
+    def wait_turn(self, ticket: int) -> None:
+        with self.turn:
+            self.turn.wait_for(lambda: self.serving == ticket)
+
+    def end_turn(self) -> None:
+        with self.turn:
+            self.serving += 1
+            self.turn.notify_all()
+
+
+class ThreadedSandbox(abc.ABC):
+    """Base of the ``local`` and ``subprocess`` backends (see :mod:`rstar_env.sandbox` for the contract).
+
+    Subclasses start workers (:meth:`_spawn`) and own the resources behind them (:meth:`_start`,
+    :meth:`_shutdown`).
+
+    Stateful sessions: calls with the same ``session`` run in one worker, one at a time, in the order they were
+    made (a session call runs even if its caller is cancelled, to keep that order). A call that ends its worker
+    (a timeout, the output limit, a crash) ends the session's state: the next call starts a fresh interpreter. If
+    the worker died *between* calls, the next call returns ``crashed`` ("its state is lost") without running, and
+    the call after it starts a fresh interpreter.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_concurrency: int | None = None,
+        timeout_s: float = 4.0,
+        max_output_bytes: int = 1 << 20,
+        cpu_s: float | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.max_concurrency = max(1, max_concurrency or os.cpu_count() or 1)
+        self.timeout_s = float(timeout_s)
+        self.max_output_bytes = int(max_output_bytes)
+        self.cpu_s = cpu_s
+        self._executor: ThreadPoolExecutor | None = None
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------- subclass API
+
+    @abc.abstractmethod
+    def _start(self) -> None:
+        """Acquire backend resources (idempotent; also called lazily by the first call)."""
+
+    @abc.abstractmethod
+    def _spawn(self, *, session: bool) -> _client.Worker:
+        """Start a worker for one call (``session=False``) or for a session. Raises SandboxError if it cannot."""
+
+    @abc.abstractmethod
+    def _shutdown(self) -> None:
+        """Release backend resources; every worker must be dead afterwards."""
+
+    def _end_worker(self, worker: _client.Worker) -> None:
+        """Kill a session's worker and wait (briefly) until it is gone."""
+        worker.kill()
+        _client.await_death(worker, time.monotonic() + _client.DEATH_GRACE_S)
+        worker.close()
+
+    # ------------------------------------------------------------------------------------------- async API
+
+    async def execute(
+        self, code: str, *, stdin: str = "", session: str | None = None, timeout_s: float | None = None
+    ) -> ExecResult:
+        """Run ``code`` with ``stdin`` and return its result; never raises for anything the code does.
+
+        Raises :class:`SandboxError` if the sandbox is closed or its backend cannot start.
+        """
+        loop = asyncio.get_running_loop()
+        if session is None:
+            return await loop.run_in_executor(self._pool(), self._execute, code, stdin, None, timeout_s)
+        with self._lock:  # a session's tickets must be handed out in the order the calls are queued
+            executor = self._pool_locked()
+            ticket = self._ticket(session)
+            future = loop.run_in_executor(executor, self._execute, code, stdin, ticket, timeout_s)
+        # Shielded: a queued session call must run (or fail) to pass the turn on, even if its caller gives up.
+        return await asyncio.shield(future)
+
+    async def close_session(self, session: str) -> None:
+        """End ``session``'s interpreter (and everything it started) once the calls made before this one are done.
+
+        Calls made after it start a new session of the same name. Unknown sessions are a no-op.
+        """
+        with self._lock:
+            state, ticket = self._pop_session(session)
+        if state is not None:
+            await asyncio.shield(asyncio.to_thread(self._close_turn, state, ticket))
+
+    async def aclose(self) -> None:
+        """End every session and worker and release the backend. Idempotent."""
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> ThreadedSandbox:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------------------- blocking API
+
+    def start(self) -> None:
+        """Start the backend now rather than on the first call."""
+        self._check_open()
+        self._start()
+
+    def execute_sync(
+        self, code: str, stdin: str = "", session: str | None = None, timeout_s: float | None = None
+    ) -> ExecResult:
+        """Blocking :meth:`execute` (for threads; do not call it on an event loop)."""
+        with self._lock:
+            ticket = self._ticket(session) if session is not None else None
+        return self._execute(code, stdin, ticket, timeout_s)
+
+    def _execute(
+        self, code: str, stdin: str, ticket: tuple[_Session, int] | None, timeout_s: float | None
+    ) -> ExecResult:
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        limits: dict[str, Any] = {
+            "timeout_s": timeout,
+            "cpu_s": self.cpu_s if self.cpu_s is not None else timeout + 1.0,
+            "max_output_bytes": self.max_output_bytes,
+        }
+        if ticket is None:
+            self._check_open()
+            if timeout <= 0:
+                raise ValueError("timeout_s must be positive")
+            return self._run_once(code, stdin, limits)
+        state, number = ticket
+        state.wait_turn(number)
+        try:
+            self._check_open()
+            if timeout <= 0:
+                raise ValueError("timeout_s must be positive")
+            return self._run_in_session(state, code, stdin, limits)
+        finally:
+            if self._closed and state.worker is not None:  # close() left this worker to its current user
+                worker, state.worker = state.worker, None
+                worker.close()
+            state.end_turn()
+
+    def close_session_sync(self, session: str) -> None:
+        """Blocking :meth:`close_session`."""
+        with self._lock:
+            state, ticket = self._pop_session(session)
+        if state is not None:
+            self._close_turn(state, ticket)
+
+    def _pop_session(self, name: str) -> tuple[_Session | None, int]:
+        """Called with ``self._lock`` held: forget ``name`` and queue its closing after its pending calls."""
+        state = self._sessions.pop(name, None)
+        return (state, state.take_ticket()) if state is not None else (None, 0)
+
+    def _close_turn(self, state: _Session, ticket: int) -> None:
+        state.wait_turn(ticket)
+        try:
+            worker, state.worker = state.worker, None
+            if worker is not None:
+                self._end_worker(worker)
+        finally:
+            state.end_turn()
+
+    def close(self) -> None:
+        """Blocking :meth:`aclose`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sessions, self._sessions = list(self._sessions.values()), {}
+            executor, self._executor = self._executor, None
+        for state in sessions:
+            worker = state.worker
+            if worker is None:
+                continue
+            worker.kill()  # a call running on it ends now, as crashed
+            with state.turn:
+                idle = state.serving == state.next_ticket
+            # Close its channel only if no call is using it (closing a polled descriptor is a race); otherwise
+            # the call closes it when its turn ends.
+            if idle:
+                state.worker = None
+                worker.close()
+        self._shutdown()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------------------------------- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"{type(self).__name__} is closed")
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            return self._pool_locked()
+
+    def _pool_locked(self) -> ThreadPoolExecutor:
+        self._check_open()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="rstar-sandbox")
+        return self._executor
+
+    def _ticket(self, name: str) -> tuple[_Session, int]:
+        """Called with ``self._lock`` held: the session's next place in line."""
+        self._check_open()
+        state = self._sessions.setdefault(name, _Session())
+        return state, state.take_ticket()
+
+    def _run_once(self, code: str, stdin: str, limits: dict[str, Any]) -> ExecResult:
+        for attempt in range(2):
+            worker = self._spawn(session=False)
+            try:
+                outcome = _client.run_call(worker, code=code, stdin=stdin, **limits)
+            finally:
+                worker.close()
+            # A worker that never started (its pool died under the request) ran nothing: retry once.
+            if outcome.result.status == "crashed" and not worker.started and attempt == 0:
+                continue
+            return outcome.result
+        raise AssertionError("unreachable")
+
+    def _run_in_session(self, state: _Session, code: str, stdin: str, limits: dict[str, Any]) -> ExecResult:
+        if state.worker is not None and state.worker.is_dead():
+            state.worker.close()
+            state.worker = None
+            return ExecResult("", "", "crashed", "the session's interpreter died between calls; its state is lost")
+        for attempt in range(2):
+            if state.worker is None:
+                state.worker = self._spawn(session=True)
+            worker = state.worker
+            outcome = _client.run_call(worker, code=code, stdin=stdin, **limits)
+            if not outcome.worker_alive:
+                worker.close()
+                state.worker = None
+                if outcome.result.status == "crashed" and not worker.started and attempt == 0:
+                    continue  # the pool died before the worker existed: nothing ran, so run it again
+            return outcome.result
+        raise AssertionError("unreachable")

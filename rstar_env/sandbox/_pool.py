@@ -1,0 +1,317 @@
+"""The caller's handle on the zygote: start it inside its namespaces, ask it for workers, heal it when it dies.
+
+Thread-safe: any number of sandbox threads call :meth:`ZygotePool.spawn` at once. Fork requests are small
+messages written under a lock on one control socket; each worker then talks to its caller directly over its own
+socket pair, so the zygote never carries user data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import select
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import SandboxError, _client, _isolation, _limits, _protocol, _spawn
+
+logger = logging.getLogger("rstar_env.sandbox")
+
+UID_RANGE = 1 << 16
+"""Private uids per pool (when running as root); a pool's range starts at a random multiple of this."""
+
+
+def random_uid_base() -> int:
+    """A random uid range in [2**30, 2**31): far from real users, and unlikely to collide with another pool."""
+    return (1 << 30) + secrets.randbelow((1 << 30) // UID_RANGE) * UID_RANGE
+
+
+class LocalWorker(_client.Worker):
+    """A worker forked by the zygote; its exit status arrives on its channel from the zygote."""
+
+    def __init__(self, pool: ZygotePool, call: int, chan: socket.socket) -> None:
+        self.pool, self.call, self.chan = pool, call, chan
+        self.started = False
+
+    def kill(self) -> None:
+        self.pool.kill(self.call)
+
+    def returncode(self, exit_message: dict[str, Any] | None) -> int | None:
+        status = (exit_message or {}).get("status")
+        return os.waitstatus_to_exitcode(status) if isinstance(status, int) else None
+
+    def close(self) -> None:
+        self.chan.close()
+
+
+class _Zygote:
+    """One running zygote process (the wrapper's Popen), its control socket and the dispatch socket."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        control: socket.socket,
+        dispatch: socket.socket,
+        base_dir: str,
+        info: dict[str, Any],
+    ) -> None:
+        self.proc, self.control, self.dispatch, self.base_dir, self.info = proc, control, dispatch, base_dir, info
+        self.control_lock = threading.Lock()
+        self.broken = False
+        # The wrapper (unshare, bwrap) outlives the zygote for a moment and holds copies of our sockets, so
+        # neither its exit status nor a closed socket says in time that the zygote died; a pidfd does.
+        self.pid = _find_zygote(proc.pid, info.get("pid"))
+        self.pidfd: int | None = None
+        if self.pid is not None:
+            with contextlib.suppress(OSError):
+                self.pidfd = os.pidfd_open(self.pid)
+
+    def alive(self) -> bool:
+        if self.broken or self.proc.poll() is not None:
+            return False
+        return self.pidfd is None or not select.select([self.pidfd], [], [], 0)[0]
+
+    def close(self) -> None:
+        for sock in (self.dispatch, self.control):
+            with contextlib.suppress(OSError):
+                sock.close()
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+
+    def request_worker(self, call: int, session: bool, chan: socket.socket) -> None:
+        """Queue a call for the next idle worker (datagrams need no lock: each is sent whole)."""
+        _protocol.send_datagram(self.dispatch, {"call": call, "session": session}, [chan.fileno()])
+
+    def send_control(self, message: dict[str, Any]) -> None:
+        with self.control_lock:
+            _protocol.send_message(self.control, message)
+
+
+def _find_zygote(wrapper: int, inner_pid: int | None) -> int | None:
+    """Host pid of the zygote: the wrapper itself or the process below it whose innermost pid it reported."""
+    from . import _proctree
+
+    for pid in [wrapper, *_proctree.descendants(wrapper)]:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                nspids = next(line for line in f if line.startswith("NSpid:")).split()[1:]
+        except (OSError, StopIteration):
+            continue
+        if nspids and int(nspids[-1]) == inner_pid:
+            return pid
+    return None
+
+
+def _stop(zygote: _Zygote) -> None:
+    """Close both sockets (idle workers and the zygote see end of stream and exit), then make sure of it."""
+    zygote.close()
+    try:
+        zygote.proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        zygote.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            zygote.proc.wait(timeout=2)
+    shutil.rmtree(zygote.base_dir, ignore_errors=True)
+
+
+class ZygotePool:
+    """Starts (and restarts) the zygote lazily; hands out :class:`LocalWorker` objects."""
+
+    def __init__(
+        self,
+        *,
+        preload: Sequence[str],
+        warmup: str | None,
+        limits: _limits.Limits,
+        env: Mapping[str, str] | None,
+        isolation: str,
+        network: bool,
+        python: str | None,
+        start_timeout_s: float,
+        spares: int = 2,
+    ) -> None:
+        self.preload = list(preload)
+        self.warmup = warmup
+        self.limits = limits
+        self.extra_env = dict(env or {})
+        self.isolation_mode = isolation
+        self.network = network
+        self.python = python
+        self.start_timeout_s = start_timeout_s
+        self.spares = spares
+        self.isolation: _isolation.Isolation | None = None
+        self.restarts = 0
+        self._zygote: _Zygote | None = None
+        self._lock = threading.Lock()
+        self._calls = itertools.count(1)
+        self._closed = False
+        self._uid_base = random_uid_base() if _limits.can_drop_privileges() else None
+        self._finalizer: weakref.finalize | None = None
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> _Zygote:
+        """The live zygote, starting (or restarting) it if needed."""
+        zygote = self._zygote
+        if zygote is not None and zygote.alive():
+            return zygote
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the local sandbox is closed")
+            zygote = self._zygote
+            if zygote is not None and zygote.alive():
+                return zygote
+            if zygote is not None:
+                self.restarts += 1
+                logger.warning("local sandbox: the zygote died (status %s); restarting it", zygote.proc.poll())
+                self._retire(zygote)
+            self._zygote = self._launch()
+            return self._zygote
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            self._retire(zygote)
+
+    def _retire(self, zygote: _Zygote) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        _stop(zygote)
+
+    def _launch(self) -> _Zygote:
+        base_dir = tempfile.mkdtemp(prefix="rstar-sandbox-")
+        # Workers may enter their own directory (random name) but not list the others.
+        os.chmod(base_dir, 0o711)
+        if self.isolation is None:
+            self.isolation = _isolation.choose_isolation(self.isolation_mode, network=self.network)
+            if self.isolation.missing and self.isolation_mode == "auto":
+                _isolation.warn_once(
+                    "rstar_env local sandbox: running without " + "; without ".join(self.isolation.missing)
+                )
+        prefix = self.isolation.command(writable=base_dir)
+        env = _spawn.clean_env(self.extra_env)
+        ours, theirs = socket.socketpair()
+        dispatch, dispatch_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {
+            "dispatch_fd": dispatch_theirs.fileno(),
+            "preload": self.preload,
+            "warmup": self.warmup,
+            "limits": self.limits.to_dict(),
+            "env": env,
+            "base_dir": base_dir,
+            "uid_base": self._uid_base,
+            "uid_count": UID_RANGE,
+            "spares": self.spares,
+            # World-writable directories a worker can leave files in (only /dev/shm under a read-only root).
+            "shared_dirs": ["/dev/shm"] if self.isolation.readonly_root else ["/dev/shm", "/tmp", "/var/tmp"],
+        }
+        argv = [*prefix, *_spawn.python_argv("_zygote", "main", theirs.fileno(), config, self.python)]
+        # The zygote's own output goes to an unnamed file: read only to explain a failed start.
+        with tempfile.TemporaryFile(prefix="rstar-zygote-", suffix=".log") as log:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    pass_fds=[theirs.fileno(), dispatch_theirs.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env=env,
+                    cwd=base_dir,
+                    start_new_session=True,  # keep terminal signals (Ctrl-C) away from the pool
+                )
+            except OSError as exc:
+                shutil.rmtree(base_dir, ignore_errors=True)
+                raise SandboxError(f"cannot start the sandbox zygote: {exc}") from exc
+            finally:
+                theirs.close()
+                dispatch_theirs.close()
+            try:
+                ours.settimeout(self.start_timeout_s)
+                received = _protocol.recv_message(ours)
+                ours.settimeout(None)
+            except (OSError, _protocol.ProtocolError):
+                received = None
+            if received is None or received[0].get("op") != "ready":
+                proc.kill()
+                proc.wait()
+                ours.close()
+                dispatch.close()
+                log.seek(0)
+                detail = log.read()[-4000:].decode(errors="replace").strip()
+                shutil.rmtree(base_dir, ignore_errors=True)
+                raise SandboxError(f"the sandbox zygote failed to start: {detail or 'no output'}")
+        info = received[0]
+        for skipped in info.get("skipped", []):
+            logger.debug("local sandbox: not preloaded: %s", skipped)
+        for note in info.get("notes", []):
+            _isolation.warn_once(f"rstar_env local sandbox: {note}")
+        zygote = _Zygote(proc, ours, dispatch, base_dir, info)
+        self._finalizer = weakref.finalize(self, _stop, zygote)
+        return zygote
+
+    # ---------------------------------------------------------------------------------------------- workers
+
+    def spawn(self, *, session: bool) -> LocalWorker:
+        """Ask the zygote for a worker (restarting a dead zygote once)."""
+        for _attempt in range(2):
+            zygote = self.start()
+            ours, theirs = socket.socketpair()
+            call = next(self._calls)
+            try:
+                zygote.request_worker(call, session, theirs)
+            except OSError:
+                ours.close()
+                zygote.broken = True  # every reader of the dispatch socket is gone: restart it
+                continue
+            finally:
+                theirs.close()
+            return LocalWorker(self, call, ours)
+        raise SandboxError("the sandbox zygote keeps dying")
+
+    def kill(self, call: int) -> None:
+        zygote = self._zygote
+        if zygote is None:
+            return
+        with contextlib.suppress(OSError):
+            zygote.send_control({"op": "kill", "call": call})
+
+    # ---------------------------------------------------------------------------------------------- introspection
+
+    def processes(self) -> list[int]:
+        """Host pids of the pool: the wrapper, the zygote and every worker below it (for tests and benchmarks)."""
+        from . import _proctree
+
+        zygote = self._zygote
+        if zygote is None or not zygote.alive():
+            return []
+        return [zygote.proc.pid, *_proctree.descendants(zygote.proc.pid)]
+
+    def resting_size(self) -> int:
+        """How many processes :meth:`processes` lists when the pool is idle: wrapper, zygote, idle spares."""
+        zygote = self._zygote
+        return (len({zygote.proc.pid, zygote.pid}) if zygote is not None else 0) + self.spares
+
+    def zygote_pid(self) -> int | None:
+        """Host pid of the zygote process itself (not its wrapper), if running."""
+        zygote = self._zygote
+        return zygote.pid if zygote is not None and zygote.alive() else None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The zygote's ready message: what it preloaded, whether workers get private uids."""
+        zygote = self._zygote
+        return dict(zygote.info) if zygote is not None else {}

@@ -1,0 +1,244 @@
+"""The child side of every local sandbox: set up a worker process, then run cells sent over a private socket.
+
+Both backends run this same code: the ``local`` zygote calls :func:`prepare` and :func:`serve` in a fresh fork,
+the ``subprocess`` backend in a fresh interpreter (:func:`subprocess_main`). A cell runs like a notebook cell:
+the module body is executed and, when the last statement is a bare expression whose value is not None, its
+``repr`` is printed (a trailing ``;`` suppresses that, as in Jupyter). An exception prints its traceback, without
+this module's frames, to stderr; the result carries a one-line summary such as ``"ZeroDivisionError: division by
+zero"``.
+
+The outcome travels over the worker's socket, never through stdout, so printing cannot forge it; each request
+carries a random token that the reply must echo. Stdout and stderr are per-call pipes read by the caller (which
+enforces the output limit); stdin is an in-memory file, so a large stdin never blocks.
+
+Stdlib only, and free of ``rstar_env`` imports: it is loaded by path in processes that must not import the
+package (see :mod:`rstar_env.sandbox._spawn`).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import linecache
+import os
+import socket
+import sys
+import traceback
+import types
+from typing import Any, NoReturn
+
+from . import _limits, _proctree, _protocol
+
+MAX_ERROR_CHARS = 300
+"""A result's ``error`` is a one-line summary, cut to this length."""
+
+_THIS_FILE = __file__
+
+
+# ---------------------------------------------------------------------------------------------------- cells
+
+
+def run_cell(code: str, namespace: dict[str, Any], filename: str = "<cell>") -> tuple[str, str | None]:
+    """Execute ``code`` in ``namespace``; returns ``(status, error)`` with status ``"ok"`` or ``"error"``.
+
+    Prints the ``repr`` of a last bare expression that is not None. Tracebacks go to ``sys.stderr``.
+    """
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    try:
+        tree = ast.parse(code, filename, "exec")
+        last: ast.Expression | None = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, filename, "exec")
+        tail = compile(last, filename, "eval") if last is not None else None
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        # Compile-time failures have no user frames: print just the exception, as the interpreter does.
+        sys.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
+        return "error", _summary(exc)
+    try:
+        exec(body, namespace)
+        if tail is not None:
+            value = eval(tail, namespace)
+            if value is not None:
+                print(repr(value))
+    except SystemExit as exc:
+        return _system_exit(exc)
+    except BaseException as exc:
+        _print_traceback(exc)
+        return "error", _summary(exc)
+    return "ok", None
+
+
+def _system_exit(exc: SystemExit) -> tuple[str, str | None]:
+    code = exc.code
+    if code is None or code is False or code == 0:
+        return "ok", None
+    if not isinstance(code, int):
+        print(code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
+    return "error", _summary(exc)
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """Print ``exc`` like the interpreter would, dropping the frames of this runner."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == _THIS_FILE:
+        tb = tb.tb_next
+    try:
+        sys.stderr.write("".join(traceback.format_exception(type(exc), exc, tb)))
+    except Exception:  # a broken __str__ or a closed stderr must not take the worker down
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"{type(exc).__name__}: <unprintable exception>\n")
+
+
+def _summary(exc: BaseException) -> str:
+    name = type(exc).__qualname__
+    module = type(exc).__module__
+    if module not in ("builtins", "__main__"):
+        name = f"{module}.{name}"
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable exception>"
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    line = f"{name}: {first}" if first else name
+    return line[:MAX_ERROR_CHARS]
+
+
+# ---------------------------------------------------------------------------------------------------- stdio
+
+
+def _text_stream(fd: int, mode: str) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, mode, closefd=False)
+    if mode == "r":
+        return io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8", errors="replace")
+    # Line buffering: what was printed before a timeout kill still reaches the caller.
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+
+
+def _install_stdio(stdin: str, out_fd: int, err_fd: int) -> None:
+    """Point fds 0-2 and ``sys.std*`` at this call's stdin and output pipes."""
+    data = stdin.encode("utf-8", "surrogateescape")
+    memfd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    try:
+        if data:
+            os.write(memfd, data)
+            os.lseek(memfd, 0, os.SEEK_SET)
+        os.dup2(memfd, 0)
+    finally:
+        os.close(memfd)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+    sys.stdin = sys.__stdin__ = _text_stream(0, "r")
+    sys.stdout = sys.__stdout__ = _text_stream(1, "w")
+    sys.stderr = sys.__stderr__ = _text_stream(2, "w")
+
+
+def _release_stdio() -> None:
+    """Flush what the call printed and detach fds 0-2 from its pipes, so the caller sees end-of-file."""
+    for stream in {id(s): s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}.values():
+        with contextlib.suppress(Exception):
+            stream.flush()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+# ---------------------------------------------------------------------------------------------------- worker
+
+
+def prepare(workdir: str, env: dict[str, str], limits: _limits.Limits, uid: int | None) -> None:
+    """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
+
+    Makes it a subreaper (so daemons it starts stay in its tree), gives it its own session, a private working
+    directory, a clean environment and its limits, and finally its private uid when the pool runs as root.
+    """
+    _proctree.become_subreaper()
+    with contextlib.suppress(OSError):
+        os.setsid()
+    os.mkdir(workdir, 0o700)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ["HOME"] = os.environ["TMPDIR"] = workdir
+    if "tempfile" in sys.modules:  # it caches its directory on first use, possibly in the zygote
+        sys.modules["tempfile"].tempdir = workdir
+    limits.apply()
+    if uid is not None:
+        _limits.drop_privileges(uid)
+
+
+def _fresh_main() -> dict[str, Any]:
+    """A new ``__main__`` module for user code: pickling and ``if __name__ == "__main__"`` behave as usual."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["-c"]
+    return main.__dict__
+
+
+def _reseed() -> None:
+    # Forks share the zygote's RNG state; a fresh interpreter would not. `random` reseeds itself at fork.
+    # Seeding from an explicit array: numpy's own entropy path costs ~15 ms on first use in a process.
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy.random" in sys.modules:
+        with contextlib.suppress(Exception):
+            numpy.random.seed(numpy.frombuffer(os.urandom(16), dtype=numpy.uint32))
+
+
+def serve(chan_fd: int, *, once: bool) -> NoReturn:
+    """Answer ``exec`` requests on ``chan_fd`` until end of stream (or after one, with ``once``); then exit.
+
+    Request: ``{"op": "exec", "token", "code", "stdin", "cpu_s"}`` with the stdout and stderr pipes attached.
+    Reply: ``{"op": "result", "token", "status", "error"}``, sent only after the call's own processes are gone.
+    """
+    chan = socket.socket(fileno=chan_fd)
+    namespace = _fresh_main()
+    _reseed()
+    cells = 0
+    while True:
+        try:
+            received = _protocol.recv_message(chan)
+        except (OSError, _protocol.ProtocolError):
+            received = None
+        if received is None:
+            _proctree.end_descendants()
+            os._exit(0)
+        request, fds = received
+        cells += 1
+        if request.get("op") != "exec" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            continue
+        _limits.set_cpu_budget(float(request.get("cpu_s", 10.0)), final=once)
+        _install_stdio(str(request.get("stdin", "")), fds[0], fds[1])
+        filename = "<cell>" if cells == 1 else f"<cell-{cells}>"
+        try:
+            status, error = run_cell(str(request.get("code", "")), namespace, filename)
+        finally:
+            _release_stdio()
+        _proctree.end_descendants()
+        reply = {"op": "result", "token": request.get("token"), "status": status, "error": error}
+        try:
+            _protocol.send_message(chan, reply)
+        except OSError:
+            os._exit(0)
+        if once:
+            os._exit(0)
+
+
+def subprocess_main(chan_fd: int, config: dict[str, Any]) -> NoReturn:
+    """Entry point of a ``subprocess``-backend interpreter: prepare, then serve one call or one session."""
+    try:
+        prepare(config["workdir"], config["env"], _limits.Limits(**config["limits"]), config.get("uid"))
+        _proctree.die_with_parent(int(config["parent"]))  # after prepare: a uid change clears the death signal
+    except Exception as exc:  # report instead of dying silently; the caller turns it into a crashed result
+        sys.stderr.write(f"sandbox worker setup failed: {exc!r}\n")
+        os._exit(70)
+    serve(chan_fd, once=not config.get("session", False))

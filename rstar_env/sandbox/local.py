@@ -1,0 +1,155 @@
+"""``local``: a warm pool of sandboxed Python workers forked from a pre-importing zygote.
+
+How a call runs::
+
+    caller thread ──fork request──▶ zygote (PID 1 of the pool's namespaces, numpy/sympy imported)
+         │                             │ fork
+         │◀══ private socket pair ═══▶ worker: subreaper, own session, own temp dir, rlimits, own uid (root)
+         │◀── stdout / stderr pipes ───┘ runs the cell, kills what it started, replies, exits
+
+* The zygote is a clean interpreter (``python -c``), started once per sandbox under bubblewrap or ``unshare``
+  (:mod:`._isolation`), so ``fork`` is safe and the namespaces cost nothing per call.
+* Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``.
+* The caller enforces the wall-clock timeout and the output limit; when either trips, the zygote kills the
+  worker's whole tree (:mod:`._proctree`). Orphans that escape a dying worker are re-parented to the zygote,
+  which kills them. If the zygote itself dies, every worker dies with it, and the next call starts a new one.
+* Calls run on a private thread pool of ``max_concurrency`` threads, so at most that many stateless workers
+  exist at once and the API works from any event loop (:mod:`._base`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import _base, _client, _isolation, _limits, _pool
+
+DEFAULT_PRELOAD: tuple[str, ...] = (
+    "math",
+    "cmath",
+    "fractions",
+    "decimal",
+    "itertools",
+    "functools",
+    "collections",
+    "random",
+    "statistics",
+    "re",
+    "numpy",
+    "sympy",
+    "sympy.abc",
+    "sympy.calculus",
+    "sympy.combinatorics",
+    "sympy.concrete",
+    "sympy.discrete",
+    "sympy.functions",
+    "sympy.geometry",
+    "sympy.integrals",
+    "sympy.logic",
+    "sympy.matrices",
+    "sympy.ntheory",
+    "sympy.parsing.sympy_parser",
+    "sympy.polys",
+    "sympy.series",
+    "sympy.sets",
+    "sympy.simplify",
+    "sympy.solvers",
+)
+"""Imported once in the zygote; modules that are not installed are skipped (logged at debug level)."""
+
+DEFAULT_WARMUP = """\
+import sys
+if "sympy" in sys.modules:
+    import sympy
+    _x = sympy.Symbol("x")
+    sympy.simplify(sympy.sin(_x) ** 2 + sympy.cos(_x) ** 2)
+    sympy.simplify((_x**2 - 1) / (_x - 1))
+    sympy.solve(_x**2 - 4, _x)
+    sympy.factor(_x**3 - 1)
+    sympy.integrate(_x * sympy.exp(_x), _x)
+"""
+"""Run once in the zygote after the imports: fills sympy's caches, which every forked worker then shares."""
+
+
+class LocalSandbox(_base.ThreadedSandbox):
+    """Warm fork-server sandbox (see the module docstring). Use as an async context manager.
+
+    Options (all keyword):
+
+    * ``max_concurrency``: stateless workers running at once (default ``os.cpu_count()``); more calls queue.
+    * ``timeout_s``: default wall-clock limit per call (4.0, the paper's tool limit); ``execute`` may override.
+    * ``memory_mb``: address-space limit per worker (2048). ``cpu_s``: CPU seconds per call (timeout + 1).
+    * ``max_output_bytes``: stdout + stderr kept per call (1 MiB); more is ``output_limit``.
+    * ``max_processes``, ``max_files``, ``max_file_mb``: RLIMIT_NPROC / NOFILE / FSIZE per worker.
+    * ``preload``: modules the zygote imports (:data:`DEFAULT_PRELOAD`); ``warmup``: code it runs after.
+    * ``network``: allow network access (False: the pool gets its own network namespace).
+    * ``isolation``: ``"auto"`` (best available, one warning naming what is missing), ``"bwrap"``,
+      ``"unshare"`` (fail if unavailable) or ``"none"``.
+    * ``env``: extra environment variables for sandboxed code (on top of a small allowlist).
+    * ``python``: interpreter for the zygote (default: this one).
+    * ``spares``: workers the zygote keeps forked and prepared ahead of calls (``min(max_concurrency, 4)``),
+      which takes ``fork`` off the latency of a call.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_concurrency: int | None = None,
+        timeout_s: float = 4.0,
+        memory_mb: int | None = 2048,
+        max_output_bytes: int = 1 << 20,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+        warmup: str | None = DEFAULT_WARMUP,
+        network: bool = False,
+        cpu_s: float | None = None,
+        max_processes: int | None = 64,
+        max_files: int | None = 256,
+        max_file_mb: int | None = 64,
+        isolation: str = "auto",
+        env: Mapping[str, str] | None = None,
+        python: str | None = None,
+        start_timeout_s: float = 120.0,
+        spares: int | None = None,
+    ) -> None:
+        super().__init__(
+            max_concurrency=max_concurrency or os.cpu_count(),
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            cpu_s=cpu_s,
+        )
+        if isolation not in _isolation.ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {_isolation.ISOLATION_MODES}, got {isolation!r}")
+        self.limits = _limits.Limits(
+            memory_mb=memory_mb, max_processes=max_processes, max_files=max_files, max_file_mb=max_file_mb
+        )
+        self.pool = _pool.ZygotePool(
+            preload=preload,
+            warmup=warmup,
+            limits=self.limits,
+            env=env,
+            isolation=isolation,
+            network=network,
+            python=python,
+            start_timeout_s=start_timeout_s,
+            spares=min(self.max_concurrency, 4) if spares is None else spares,
+        )
+
+    @property
+    def isolation(self) -> _isolation.Isolation | None:
+        """What the pool runs inside (known once started)."""
+        return self.pool.isolation
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the zygote reported: pid, preloaded and skipped modules, whether workers get private uids."""
+        return self.pool.info
+
+    def _start(self) -> None:
+        self.pool.start()
+
+    def _spawn(self, *, session: bool) -> _client.Worker:
+        return self.pool.spawn(session=session)
+
+    def _shutdown(self) -> None:
+        self.pool.close()

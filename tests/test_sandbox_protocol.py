@@ -1,0 +1,294 @@
+"""One protocol suite for every sandbox backend: what ``execute`` returns for what code does.
+
+To run it against another backend, add its name (and, if it needs options, an entry in BACKEND_OPTIONS) to
+BACKENDS_UNDER_TEST; a backend that cannot start here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rstar_env.sandbox import ExecResult, Sandbox, SandboxError, create_sandbox
+
+BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
+BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
+    # Remote backends run against local stand-ins (each skipped when its extra is not installed): e2b against
+    # the in-process code-interpreter test server through the SDK's debug mode, ray on a local Ray instance
+    # (started once per test process; zero-CPU actors so several sandboxes fit on a 2-core machine).
+    "e2b": {"local_server": True},
+    "ray": {"ray_init": {"num_cpus": 2}, "num_actors": 1, "max_concurrency": 4, "actor_options": {"num_cpus": 0}},
+}
+TIMEOUT_S = 1.0
+"""Per-call limit in this suite; a timed-out call must come back within TIMEOUT_S + SLACK_S."""
+SLACK_S = 1.0
+
+
+def run(coro: Any) -> Any:
+    """Each test drives the shared sandbox from a fresh event loop: sandboxes must not bind to a loop."""
+    return asyncio.run(coro)
+
+
+def make(backend: str, **options: Any) -> Sandbox:
+    try:
+        sandbox = create_sandbox(backend, **{"timeout_s": TIMEOUT_S, **BACKEND_OPTIONS.get(backend, {}), **options})
+        run(sandbox.__aenter__())
+    except SandboxError as exc:
+        pytest.skip(f"backend {backend!r} unavailable: {exc}")
+    return sandbox
+
+
+@pytest.fixture(scope="module", params=BACKENDS_UNDER_TEST)
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    box = make(request.param)
+    yield box
+    run(box.aclose())
+
+
+def execute(box: Sandbox, code: str, **kwargs: Any) -> ExecResult:
+    return run(box.execute(code, **kwargs))
+
+
+# --------------------------------------------------------------------------------------------------- results
+
+
+def test_ok_and_print(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "print(1 + 1)")
+    assert (result.status, result.stdout, result.stderr, result.error) == ("ok", "2\n", "", None)
+    assert result.ok and result.duration_s > 0
+
+
+def test_stderr_is_separate(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "import sys\nprint('out')\nprint('err', file=sys.stderr)")
+    assert (result.status, result.stdout, result.stderr) == ("ok", "out\n", "err\n")
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout"),
+    [
+        ("x = 3\nx * 2", "6\n"),  # the last bare expression is echoed, as in a notebook
+        ("'a' + 'b'", "'ab'\n"),  # with its repr
+        ("x = 3", ""),  # an assignment is not an expression
+        ("None", ""),  # None is not echoed
+        ("print('hi')", "hi\n"),  # print's own None is not echoed
+        ("6 * 7;", ""),  # a trailing semicolon silences the echo, as in Jupyter
+        ("for i in range(2):\n    i", ""),  # only a top-level last statement is echoed
+        ("import math\nmath.factorial(5)", "120\n"),
+    ],
+)
+def test_echo_of_last_expression(sandbox: Sandbox, code: str, stdout: str) -> None:
+    result = execute(sandbox, code)
+    assert (result.status, result.stdout) == ("ok", stdout)
+
+
+def test_exception_is_an_error_with_summary_and_clean_traceback(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "def f():\n    return 1 / 0\n\nf()")
+    assert result.status == "error"
+    assert result.error == "ZeroDivisionError: division by zero"
+    assert result.stderr.startswith("Traceback (most recent call last):")
+    assert 'File "<cell>", line 4, in <module>' in result.stderr
+    assert "return 1 / 0" in result.stderr  # source lines of the cell are shown
+    assert "_worker" not in result.stderr and "rstar" not in result.stderr  # no frames of the runner
+    assert result.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_output_before_an_exception_is_kept(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "print('partial')\nraise ValueError('bad\\nsecond line')")
+    assert (result.status, result.stdout, result.error) == ("error", "partial\n", "ValueError: bad")
+
+
+def test_syntax_error(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "def f(:\n    pass")
+    assert result.status == "error"
+    assert result.error is not None and result.error.startswith("SyntaxError")
+    assert "SyntaxError" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("import sys\nsys.exit()", "ok"),
+        ("import sys\nsys.exit(0)", "ok"),
+        ("import sys\nsys.exit(3)", "error"),
+        ("raise SystemExit('goodbye')", "error"),
+    ],
+)
+def test_sys_exit(sandbox: Sandbox, code: str, status: str) -> None:
+    result = execute(sandbox, code)
+    assert result.status == status
+    if status == "error":
+        assert result.error is not None and result.error.startswith("SystemExit")
+
+
+def test_stdin(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "a, b = map(int, input().split())\nprint(a + b)", stdin="2 40\n")
+    assert (result.status, result.stdout) == ("ok", "42\n")
+
+
+def test_large_stdin_and_empty_stdin(sandbox: Sandbox) -> None:
+    big = "x" * 1_000_000 + "\n"
+    result = execute(sandbox, "import sys\nprint(len(sys.stdin.read()))", stdin=big)
+    assert (result.status, result.stdout) == ("ok", f"{len(big)}\n")
+    result = execute(sandbox, "import sys\nprint(repr(sys.stdin.read()))")
+    assert (result.status, result.stdout) == ("ok", "''\n")
+
+
+def test_unicode_round_trip(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "print(input() + ' ∑ é 🙂')", stdin="π\n")
+    assert (result.status, result.stdout) == ("ok", "π ∑ é 🙂\n")
+
+
+# --------------------------------------------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["while True:\n    pass", "import time\ntime.sleep(100)", "x = 10 ** 10 ** 8"],
+    ids=["python-loop", "sleep-in-c", "bigint-in-c"],
+)
+def test_timeout(sandbox: Sandbox, code: str) -> None:
+    result = execute(sandbox, code, timeout_s=0.5)
+    assert result.status == "timeout"
+    assert result.error == "timed out after 0.5 s"
+    assert 0.5 <= result.duration_s < 0.5 + SLACK_S
+    assert execute(sandbox, "print('next')").stdout == "next\n"
+
+
+def test_output_printed_before_a_timeout_is_kept(sandbox: Sandbox) -> None:
+    result = execute(sandbox, "print('progress')\nwhile True:\n    pass", timeout_s=0.5)
+    assert (result.status, result.stdout) == ("timeout", "progress\n")
+
+
+@pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
+def test_output_limit(backend: str) -> None:
+    box = make(backend, max_output_bytes=10_000)
+    try:
+        flood = execute(box, "while True:\n    print('x' * 1000)")
+        assert flood.status == "output_limit"
+        assert flood.error is not None and "10000" in flood.error
+        assert 0 < len(flood.stdout) <= 10_000 and set(flood.stdout) <= {"x", "\n"}
+        assert flood.duration_s < TIMEOUT_S  # stopped as soon as the limit was crossed
+        finished = execute(box, "print('y' * 20_000)")
+        assert finished.status == "output_limit" and len(finished.stdout) <= 10_000
+        assert execute(box, "print('small')").stdout == "small\n"
+    finally:
+        run(box.aclose())
+
+
+# --------------------------------------------------------------------------------------------------- sessions
+
+
+def test_stateless_calls_do_not_share_globals(sandbox: Sandbox) -> None:
+    assert execute(sandbox, "leak = 1").ok
+    result = execute(sandbox, "leak")
+    assert (result.status, result.error) == ("error", "NameError: name 'leak' is not defined")
+
+
+def test_session_keeps_globals_until_closed(sandbox: Sandbox) -> None:
+    async def scenario() -> list[ExecResult]:
+        results = [
+            await sandbox.execute("x = 41\ndef inc(v):\n    return v + 1", session="ep-a"),
+            await sandbox.execute("inc(x)", session="ep-a"),
+            await sandbox.execute("x", session="ep-b"),  # another session has its own globals
+            await sandbox.execute("x"),  # and so does a stateless call
+        ]
+        await sandbox.close_session("ep-a")
+        results.append(await sandbox.execute("x", session="ep-a"))  # closed: a fresh interpreter
+        await sandbox.close_session("ep-a")
+        await sandbox.close_session("ep-b")
+        await sandbox.close_session("never-opened")  # a no-op
+        return results
+
+    defined, used, other, stateless, reopened = run(scenario())
+    assert defined.ok and (used.status, used.stdout) == ("ok", "42\n")
+    for result in (other, stateless, reopened):
+        assert (result.status, result.error) == ("error", "NameError: name 'x' is not defined")
+
+
+def test_session_survives_errors_and_runs_in_order(sandbox: Sandbox) -> None:
+    async def scenario() -> list[ExecResult]:
+        await sandbox.execute("log = []", session="ordered")
+        calls = [sandbox.execute(f"log.append({i})", session="ordered") for i in range(5)]
+        await asyncio.gather(*calls)
+        await sandbox.execute("1 / 0", session="ordered")
+        last = await sandbox.execute("log", session="ordered")
+        await sandbox.close_session("ordered")
+        return [last]
+
+    (last,) = run(scenario())
+    assert (last.status, last.stdout) == ("ok", "[0, 1, 2, 3, 4]\n")
+
+
+def test_session_after_a_timeout_starts_fresh(sandbox: Sandbox) -> None:
+    async def scenario() -> list[ExecResult]:
+        results = [
+            await sandbox.execute("y = 1", session="killed"),
+            await sandbox.execute("while True:\n    pass", session="killed", timeout_s=0.3),
+            await sandbox.execute("y", session="killed"),
+            await sandbox.execute("y = 2\ny", session="killed"),
+        ]
+        await sandbox.close_session("killed")
+        return results
+
+    first, killed, after, again = run(scenario())
+    assert first.ok and killed.status == "timeout"
+    assert (after.status, after.error) == ("error", "NameError: name 'y' is not defined")
+    assert (again.status, again.stdout) == ("ok", "2\n")
+
+
+# --------------------------------------------------------------------------------------------------- concurrency
+
+
+def test_concurrent_calls_are_independent(sandbox: Sandbox) -> None:
+    async def scenario() -> list[ExecResult]:
+        return await asyncio.gather(*(sandbox.execute(f"n = {i}\nprint(n * n)") for i in range(24)))
+
+    results = run(scenario())
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(24)]
+    assert all(r.ok for r in results)
+
+
+def test_usable_from_another_thread_and_loop(sandbox: Sandbox) -> None:
+    results: list[ExecResult] = []
+    thread = threading.Thread(target=lambda: results.append(execute(sandbox, "print('thread')")))
+    thread.start()
+    thread.join(timeout=30)
+    assert [r.stdout for r in results] == ["thread\n"]
+    assert execute(sandbox, "print('main')").stdout == "main\n"
+
+
+def test_a_slow_call_does_not_block_others(sandbox: Sandbox) -> None:
+    async def scenario() -> tuple[ExecResult, list[ExecResult]]:
+        slow = asyncio.ensure_future(sandbox.execute("import time\ntime.sleep(0.8)\nprint('slow')"))
+        await asyncio.sleep(0.05)
+        fast = [await sandbox.execute("print('fast')") for _ in range(3)]
+        return await slow, fast
+
+    slow, fast = run(scenario())
+    assert slow.stdout == "slow\n" and all(r.stdout == "fast\n" for r in fast)
+    assert all(r.duration_s < 0.8 for r in fast)
+
+
+# --------------------------------------------------------------------------------------------------- lifecycle
+
+
+@pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
+def test_context_manager_and_idempotent_close(backend: str) -> None:
+    async def scenario() -> ExecResult:
+        async with create_sandbox(backend, timeout_s=TIMEOUT_S, **BACKEND_OPTIONS.get(backend, {})) as box:
+            assert isinstance(box, Sandbox)
+            result = await box.execute("print('ctx')")
+        await box.aclose()  # idempotent
+        with pytest.raises(SandboxError):
+            await box.execute("1")
+        return result
+
+    try:
+        result = run(scenario())
+    except SandboxError as exc:  # pragma: no cover - backend missing on this machine
+        pytest.skip(f"backend {backend!r} unavailable: {exc}")
+    assert result.stdout == "ctx\n"
