@@ -84,12 +84,13 @@ def test_ids_are_exactly_what_the_trainer_scores(policy, echo_plugins):
 
 
 def test_sampling_logprobs_match_a_teacher_forced_forward(policy, echo_plugins):
-    """KV-cached, left-padded batch sampling gives the log-probs a full forward pass on the final ids gives:
-    the trainer's view and the sampler's view of the same tokens agree."""
-    rows = [{"problem": p.problem, "answer": p.answer, "id": p.id} for p in generate_problems(3, seed=1)]
+    """KV-cached, left-padded batch sampling, with the prefill shared by samples of one prompt, gives the log-probs
+    a full forward pass on the final ids gives: the trainer's view and the sampler's view of the tokens agree."""
+    rows = [{"problem": p.problem, "answer": p.answer, "id": p.id} for p in generate_problems(2, seed=1)]
     rows[0]["problem"] += " Explain each step in detail, then check your work twice."  # unequal lengths: padding
-    trajectories = asyncio.run(collect(policy, jobs_for(rows), width=3, tools=["echo"], reward="exact_test",
-                                       max_turns=1))
+    trajectories = asyncio.run(collect(policy, jobs_for(rows, samples=2), width=4, tools=["echo"],
+                                       reward="exact_test", max_turns=1))
+    assert trajectories[0].turns[0].action_token_ids != trajectories[1].turns[0].action_token_ids
     model = policy.model
     for traj in trajectories:
         tokens = trajectory_tokens(traj)

@@ -183,24 +183,30 @@ class TransformersPolicy:
 
     def _sample(self, rows: list[_Row]) -> None:
         torch = self.torch
-        width = max(len(r.context) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding: every row's next token sits in the last column
-            ids[i, width - len(r.context) :] = torch.tensor(r.context)
-            mask[i, width - len(r.context) :] = 1
+        # GRPO rolls out each prompt many times: rows with the same context share one prefill, whose KV cache is
+        # then copied to every row (prefill of long prompts is most of the cost on a CPU).
+        unique: dict[tuple[int, ...], int] = {}
+        for r in rows:
+            unique.setdefault(tuple(r.context), len(unique))
+        contexts = list(unique)
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, context in enumerate(contexts):  # left padding: every row's next token sits in the last column
+            ids[i, width - len(context) :] = torch.tensor(context)
+            mask[i, width - len(context) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         temperature, top_p = self.sampling.temperature, self.sampling.top_p
-        past = None
-        step_ids, step_pos = ids, positions
         with torch.no_grad():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            expand = torch.tensor([unique[tuple(r.context)] for r in rows], device=self.device)
+            past = out.past_key_values
+            if len(contexts) != len(rows):
+                past.reorder_cache(expand)
+            logits = out.logits[:, -1, :].float()[expand]
+            mask, step_pos = mask[expand], positions[expand][:, -1:]
             for _ in range(max(r.cap for r in rows)):
-                out = self.model(
-                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
-                )
-                past = out.past_key_values
-                logits = out.logits[:, -1, :].float()
                 if temperature == 0:
                     chosen = logits.argmax(-1)
                     logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0]
@@ -216,8 +222,13 @@ class TransformersPolicy:
                 step_ids = torch.tensor(
                     [[r.ids[-1] if r.finish is None else self.pad_id] for r in rows], device=self.device
                 )
-                step_pos = step_pos[:, -1:] + 1
+                step_pos = step_pos + 1
                 mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
+                out = self.model(
+                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
+                )
+                past = out.past_key_values
+                logits = out.logits[:, -1, :].float()
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
         row.ids.append(token)

@@ -52,6 +52,8 @@ class Sample:
     input_ids: list[int]
     action_mask: list[int]
     advantage: float
+    logprobs: list[float]
+    """The sampler's log-prob of each generated token (aligned with ``input_ids``; 0 elsewhere)."""
 
 
 @dataclass
@@ -196,7 +198,7 @@ class LocalTrainer:
         samples = []
         for trajectory, advantage in kept:
             tokens = trajectory_tokens(trajectory)
-            samples.append(Sample(tokens.input_ids, tokens.action_mask, advantage))
+            samples.append(Sample(tokens.input_ids, tokens.action_mask, advantage, tokens.logprobs))
         return samples, selection
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
@@ -205,7 +207,12 @@ class LocalTrainer:
         order = np.random.default_rng([self.cfg.seed, self.step]).permutation(len(samples)).tolist()
         minibatches = [order[i :: self.cfg.updates_per_step] for i in range(self.cfg.updates_per_step)]
         with torch.no_grad():  # the old policy's log-probs, before any update of this step
-            old = self._per_sample_logprobs(self.model, samples)
+            if self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0:
+                # Sampling at temperature 1 without top-p draws from the model's own distribution, so the sampler's
+                # log-probs are the old policy's (tests/test_rollout_local.py checks they match a forward pass).
+                old = [torch.tensor(s.logprobs[1:], device=self.cfg.device) for s in samples]
+            else:
+                old = self._per_sample_logprobs(self.model, samples)
             ref = self._per_sample_logprobs(self.reference, samples) if self.reference is not None else None
         totals: dict[str, list[float]] = defaultdict(list)
         for batch in minibatches:
