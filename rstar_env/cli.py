@@ -305,6 +305,69 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
     Console().print(table)
 
 
+# -- chat ----------------------------------------------------------------------------------------------------------
+@main.command()
+@click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
+@click.option("--endpoint", default=None, help="OpenAI-compatible base URL instead of a local model.")
+@click.option("--served-model", default=None, help="Model name to request from --endpoint.")
+@click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (tools, reward, env).")
+@click.option("--temperature", type=float, default=0.7, show_default=True)
+@click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Per assistant turn.")
+@click.option("--max-turns", type=int, default=10, show_default=True)
+@click.option("--answer", "gold", default=None, help="A gold answer to score the final response against.")
+def chat(model: str | None, endpoint: str | None, served_model: str | None, config: str | None,
+         temperature: float, max_new_tokens: int, max_turns: int, gold: str | None) -> None:
+    """Chat with a model that can run Python: each question is an episode; tool calls and their results are shown
+    as they happen. Type a question (empty line or Ctrl-D quits)."""
+    from rstar_env import _aio
+    from rstar_env.config import ConfigError
+    from rstar_env.env import MathToolEnv
+    from rstar_env.plugins import PluginError
+    from rstar_env.rollout.collect import context_ids
+    from rstar_env.rollout.policy import Request, SamplingParams
+
+    try:
+        env = MathToolEnv(config=config, max_turns=max_turns)
+    except (ConfigError, PluginError) as exc:
+        _fail(str(exc))
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    policy = _build_policy(model, endpoint, served_model, sampling, 1, env)
+    env.tokenizer = policy.tokenizer
+
+    async def episode(question: str) -> None:
+        await env.areset(options={"problem": question, "answer": gold or ""})
+        while True:
+            trajectory = env.trajectory
+            assert trajectory is not None
+            ids = context_ids(trajectory) if policy.tokenizer is not None else None
+            (generation,) = await policy.generate([Request(trajectory, ids)])
+            console.rule("[bold cyan]assistant")
+            console.print(generation.text, markup=False, highlight=False)
+            _, reward, terminated, truncated, info = await env.astep(
+                generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
+            )
+            for call in info["trajectory"].turns[-1].tool_calls:
+                style = "red" if call.error else "green"
+                console.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
+                console.print(call.result.text, markup=False, highlight=False)
+            if terminated or truncated:
+                final = info["trajectory"]
+                scored = f"  reward {reward} against {gold!r}" if gold is not None else ""
+                console.print(f"[dim]episode over: {final.end_reason}; answer {final.final_answer!r}{scored}[/]")
+                return
+
+    try:
+        while True:
+            console.print("[bold]you>[/] ", end="")
+            question = sys.stdin.readline()
+            if not question.strip():
+                return
+            _aio.run_sync(episode(question.strip()))
+    finally:
+        _aio.run_sync(policy.aclose())
+        env.close()
+
+
 # -- training ----------------------------------------------------------------------------------------------------
 @main.command()
 @click.option("--config", "config", type=click.Path(dir_okay=False), required=True, help="Run config (YAML).")

@@ -57,3 +57,38 @@ def test_run_tool_with_json_arguments(echo_plugins):
     assert json.loads(result.output)["text"] == "x"
     unknown = CliRunner().invoke(main, ["run-tool", "nope"])
     assert unknown.exit_code == 1 and "unknown tool 'nope'" in unknown.output
+
+
+def _served_tool_call(code: str) -> dict:
+    return {"name": "python", "arguments": {"code": code}}
+
+
+def test_chat_with_a_served_model_shows_tool_calls(tmp_path):
+    from rstar_env.rollout.replay_server import ReplayServer, reply
+
+    entries = [reply("Let me compute.", [_served_tool_call("6 * 7")]), reply("<answer>\\boxed{42}</answer>")]
+    with ReplayServer(entries) as server:
+        result = CliRunner().invoke(
+            main, ["chat", "--endpoint", server.base_url, "--served-model", "m", "--answer", "42"],
+            input="What is 6 times 7?\n\n",
+        )
+    assert result.exit_code == 0, result.output
+    assert "tool python" in result.output and "42" in result.output
+    assert "episode over: answer; answer '42'  reward 1.0" in result.output
+
+
+def test_eval_against_a_served_model_writes_trajectories(tmp_path):
+    from rstar_env.rollout.replay_server import ReplayServer, reply
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1), "id": f"q{i}"}) + "\n"
+                            for i in range(2)))
+    default = reply("<answer>\\boxed{1}</answer>")
+    out = tmp_path / "eval.jsonl"
+    with ReplayServer([], default=default) as server:
+        result = CliRunner().invoke(main, ["eval", "--endpoint", server.base_url, "--served-model", "m",
+                                           "--dataset", str(data), "--samples", "2", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{"):])
+    assert summary["episodes"] == 4 and summary["pass@1"] == 0.5 and summary["pass@2"] == 0.5
+    assert len(out.read_text().splitlines()) == 4
