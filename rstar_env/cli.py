@@ -374,7 +374,11 @@ def chat(model: str | None, endpoint: str | None, served_model: str | None, conf
 @click.option("--max-steps", type=int, default=None, help="Stop after this many more steps (checkpointed).")
 @click.option("--output-dir", default=None, help="Override trainer.output_dir.")
 @click.option("--fresh", is_flag=True, help="Ignore checkpoints in the output directory (start over).")
-def train(config: str, max_steps: int | None, output_dir: str | None, fresh: bool) -> None:
+@click.option("--backend", type=click.Choice(["local"]), default=None,
+              help="Run a config written for another backend (e.g. a stage config) on this machine.")
+@click.option("--model", default=None, help="Override trainer.model.")
+def train(config: str, max_steps: int | None, output_dir: str | None, fresh: bool, backend: str | None,
+          model: str | None) -> None:
     """Train with GRPO-RoC on this machine (the `local` trainer); resumes from the output directory's latest
     checkpoint. Ctrl-C saves a checkpoint."""
     from rstar_env.config import ConfigError, load_config
@@ -386,7 +390,7 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
         _fail(f"the local trainer needs torch and transformers ({exc}): pip install 'rstar-env[local]'")
     try:
         run = load_config(config)
-        settings = trainer_config(run, output_dir=output_dir)
+        settings = trainer_config(run, force_local=backend == "local", output_dir=output_dir, model=model)
     except ConfigError as exc:
         _fail(str(exc))
     if fresh:

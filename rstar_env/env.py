@@ -116,6 +116,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self._trajectory: Trajectory | None = None
         self._episode: EpisodeContext | None = None
         self._used = 0  # response length so far, in the length unit
+        self._started = 0.0
         self._closed = False
 
     # -- gymnasium API -------------------------------------------------------------------------------------------------

@@ -113,6 +113,9 @@ def test_trainer_section_errors_name_the_key(tmp_path):
     run = run_config(tmp_path, group_sizes=3)
     with pytest.raises(ConfigError, match="trainer.group_sizes: unknown key"):
         trainer_config(run)
-    other = load_config({"trainer": {"backend": "openrlhf"}})
+    other = load_config({"trainer": {"backend": "openrlhf", "group_size": 16, "lr": 1e-6, "cluster": {}}})
     with pytest.raises(ConfigError, match="rstar-env launch openrlhf"):
         trainer_config(other)
+    with pytest.warns(UserWarning, match=r"ignoring trainer keys \['cluster'\]"):
+        local = trainer_config(other, force_local=True, model="smollm2")
+    assert (local.group_size, local.lr, local.model) == (16, 1e-6, "smollm2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
@@ -69,15 +70,27 @@ class LocalTrainerConfig(BaseModel):
         return self.group_size * self.oversample
 
 
-def trainer_config(run: RunConfig, **overrides: Any) -> LocalTrainerConfig:
-    """Validate the run's ``trainer`` section for the local backend; ``overrides`` (not None) replace keys."""
-    data = {**run.trainer, **{k: v for k, v in overrides.items() if v is not None}}
+def trainer_config(run: RunConfig, *, force_local: bool = False, **overrides: Any) -> LocalTrainerConfig:
+    """Validate the run's ``trainer`` section for the local backend; ``overrides`` (not None) replace keys.
+
+    ``force_local`` runs another backend's config here: the keys both trainers share (``model``, ``group_size``,
+    ``oversample``, ``lr``, lengths, ...) are kept, the other backend's own keys are dropped with a warning.
+    """
+    data = {k: v for k, v in run.trainer.items()}
     backend = data.get("backend", "local")
     if backend != "local":
-        raise ConfigError(
-            f"this config's trainer.backend is {backend!r}: `rstar-env train` runs the local trainer; "
-            "use `rstar-env launch openrlhf --config ...` for the OpenRLHF backend"
-        )
+        if not force_local:
+            raise ConfigError(
+                f"this config's trainer.backend is {backend!r}: run it on a cluster with "
+                "`rstar-env launch openrlhf --config ...`, or here with `rstar-env train --backend local` "
+                "(the shared trainer keys are used, the backend's own keys ignored)"
+            )
+        dropped = sorted(k for k in data if k not in LocalTrainerConfig.model_fields)
+        data = {k: v for k, v in data.items() if k in LocalTrainerConfig.model_fields}
+        data["backend"] = "local"
+        if dropped:
+            warnings.warn(f"running a {backend} config locally: ignoring trainer keys {dropped}", stacklevel=2)
+    data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return LocalTrainerConfig.model_validate(data)
     except ValidationError as exc:
