@@ -15,7 +15,10 @@ from rstar_env.config import ConfigError, load_config  # noqa: E402
 from rstar_trainers.local.config import trainer_config  # noqa: E402
 from rstar_trainers.local.trainer import LocalTrainer  # noqa: E402
 
-ROWS = [{"problem": "What is 2 + 2?", "answer": "4", "id": "a"}, {"problem": "What is 3 + 5?", "answer": "8", "id": "b"}]
+ROWS = [
+    {"problem": "What is 2 + 2?", "answer": "4", "id": "a"},
+    {"problem": "What is 3 + 5?", "answer": "8", "id": "b"},
+]
 
 
 def run_config(tmp_path, **trainer):
@@ -111,7 +114,7 @@ def test_plot_and_filter_hard_from_a_run(tmp_path, smollm2):
 
 def test_trainer_section_errors_name_the_key(tmp_path):
     run = run_config(tmp_path, group_sizes=3)
-    with pytest.raises(ConfigError, match="trainer.group_sizes: unknown key"):
+    with pytest.raises(ConfigError, match=r"trainer\.group_sizes: unknown key"):
         trainer_config(run)
     other = load_config({"trainer": {"backend": "openrlhf", "group_size": 16, "lr": 1e-6, "cluster": {}}})
     with pytest.raises(ConfigError, match="rstar-env launch openrlhf"):
