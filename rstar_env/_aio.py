@@ -28,6 +28,15 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+async def run_on_background(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` run on the background loop: the caller's loop (vLLM's, say) only waits on a future, so work
+    that blocks inside ``coro`` never stalls it."""
+    loop = _background_loop()
+    if asyncio.get_running_loop() is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion and return its result (exceptions propagate)."""
     loop = _background_loop()

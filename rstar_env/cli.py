@@ -475,5 +475,10 @@ def bench() -> None:
     """Benchmarks that print side-by-side ratios measured in one run."""
 
 
+@main.group(cls=_LazyGroup, lazy={"openrlhf": "rstar_trainers.openrlhf.launch:command"})
+def launch() -> None:
+    """Launch distributed training (OpenRLHF on a Ray cluster)."""
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

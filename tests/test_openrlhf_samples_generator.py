@@ -1,0 +1,221 @@
+"""The RoC samples generator on fabricated rollouts, through OpenRLHF's real SamplesGenerator code.
+
+vLLM and Ray are replaced by the stand-ins of ``rstar_trainers.openrlhf.testing`` (as OpenRLHF's own tests do);
+the engines return fabricated executor results, which OpenRLHF's real ``_process_response_into_experience`` turns
+into Experiences.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+pytest.importorskip("openrlhf")
+torch = pytest.importorskip("torch")
+
+from rstar_env.config import load_config  # noqa: E402
+
+G = 4  # kept per prompt; rolled out: 2G = 8
+
+
+def _fresh(name: str) -> bool:
+    """Modules imported against the stand-ins, dropped before and after each test."""
+    return name.startswith("openrlhf.trainer") or name == "rstar_trainers.openrlhf.samples_generator"
+
+
+@pytest.fixture
+def sg(monkeypatch):
+    """Fresh imports of OpenRLHF's samples generator and ours, against the CPU stand-ins; undone afterwards."""
+    from rstar_trainers.openrlhf import patch
+    from rstar_trainers.openrlhf.testing import cpu_stub_modules
+
+    patch.uninstall()
+    for name in [n for n in sys.modules if _fresh(n)]:
+        monkeypatch.delitem(sys.modules, name)
+    for name, module in cpu_stub_modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    ours = importlib.import_module("rstar_trainers.openrlhf.samples_generator")
+    yield ours, importlib.import_module("openrlhf.trainer.ppo_utils.samples_generator")
+    patch.uninstall()
+    for name in [n for n in sys.modules if _fresh(n)]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def response(prompt: str, index: int, reward: float, *, calls: int = 1, errors: int = 0, blocks: int = 1):
+    """One fabricated result of our AgentExecutor.execute (what the vLLM engine actor returns)."""
+    obs = [1, 2, 3] + [10 + index] * (5 + index)
+    return {
+        "prompt": prompt,
+        "label": "42",
+        "images": None,
+        "mm_train_inputs": None,
+        "reward": reward,
+        "scores": reward,
+        "observation_tokens": obs,
+        "action_ranges": [(3, len(obs))],
+        "rollout_log_probs": None,
+        "truncated": False,
+        "extra_logs": {"num_tool_calls": float(calls), "num_tool_errors": float(errors),
+                       "num_answer_blocks": float(blocks), "num_assistant_turns": 2.0, "rollout": float(index)},
+    }
+
+
+# The rollouts each prompt gets: (reward, tool errors) per rollout index.
+GROUPS = {
+    "all-right": [(1.0, 0)] * 8,  # no signal: dropped
+    "mixed": [(1.0, 1), (1.0, 1), (1.0, 0), (1.0, 0), (0.0, 0), (0.0, 1), (0.0, 0), (0.0, 0)],
+    "all-wrong": [(0.0, 0)] * 8,  # dropped
+    "one-right": [(0.0, 0)] * 7 + [(1.0, 0)],
+}
+
+
+class Engine:
+    """A vLLM engine actor stand-in: ``generate_responses.remote`` returns the fabricated group directly."""
+
+    def __init__(self):
+        self.requests = []
+        self.generate_responses = SimpleNamespace(remote=self._generate)
+        self.get_num_unfinished_requests = SimpleNamespace(remote=lambda: 0)
+
+    def _generate(self, *, prompt, label, sampling_params, max_length, hf_tokenizer, num_samples, images=None):
+        self.requests.append((prompt, num_samples))
+        pattern = GROUPS[prompt] if num_samples == 8 else [(float(i % 2), 0) for i in range(num_samples)]
+        return [response(prompt, i, r, calls=1, errors=e) for i, (r, e) in enumerate(pattern[:num_samples])]
+
+
+def make_generator(sg, tmp_path, *, prompts, refill=False, sampler="roc"):
+    ours, _ = sg
+    run = load_config({"sampler": sampler, "trainer": {"backend": "openrlhf", "group_size": G, "oversample": 2,
+                                                       "refill": refill, "seed": 0}})
+    args = SimpleNamespace(
+        rollout=SimpleNamespace(batch_size=2, n_samples_per_prompt=G, vllm_generate_batch_size=2),
+        algo=SimpleNamespace(dynamic_filtering_enable=False, dynamic_filtering_range=(0, 1),
+                             advantage=SimpleNamespace(is_correction_level="off")),
+        vllm=SimpleNamespace(enable_sleep=False),
+    )
+    loader = [("src", [p], ["42"], [None]) for p in prompts]
+    engine = Engine()
+    generator = ours.RocSamplesGenerator(SimpleNamespace(args=args), loader, loader, None, [engine], run_config=run)
+    return generator, engine
+
+
+def test_roc_rolls_out_2g_and_keeps_g_per_group(sg, tmp_path):
+    generator, engine = make_generator(sg, tmp_path, prompts=["all-right", "mixed", "all-wrong", "one-right"])
+    samples, _, consumed, exhausted = generator.generate_samples(max_len=64, temperature=1.0)
+    assert engine.requests == [("all-right", 8), ("mixed", 8)]  # 2 prompts per step, 2G rollouts each
+    assert consumed == 2 and not exhausted
+    # "all-right" has no signal and is dropped; "mixed" keeps G = 4.
+    assert [s.prompts[0] for s in samples] == ["mixed"] * G
+    kept = [int(s.info["rollout"].item()) for s in samples]
+    # neg_keep = round(4 * 4 / 8) = 2, pos_keep = 2: the two clean positives (2, 3), two random negatives.
+    assert sorted(k for k in kept if k < 4) == [2, 3]
+    assert len([k for k in kept if k >= 4]) == 2
+    assert generator.last_stats.groups == 2 and generator.last_stats.dropped == 1
+    assert all(float(s.info["roc/drop_rate"]) == 0.5 for s in samples)
+
+    # What group_norm sees: rewards reshaped to (-1, n_samples_per_prompt = G), one prompt per row.
+    rewards = torch.cat([s.rewards for s in samples]).reshape(-1, G)
+    assert rewards.shape == (1, G) and rewards.sum().item() == 2
+
+    samples, _, consumed, exhausted = generator.generate_samples(max_len=64, temperature=1.0)
+    assert [s.prompts[0] for s in samples] == ["one-right"] * G
+    # A group with one positive keeps it (min_positive caps at what exists) and 3 negatives.
+    assert sorted(float(s.rewards) for s in samples) == [0.0, 0.0, 0.0, 1.0]
+    samples, _, consumed, exhausted = generator.generate_samples(max_len=64, temperature=1.0)
+    assert samples == [] and consumed == 0 and exhausted
+
+
+def test_refill_rolls_out_more_prompts_for_dropped_groups(sg, tmp_path):
+    generator, engine = make_generator(sg, tmp_path, prompts=["all-right", "mixed", "all-wrong", "one-right"],
+                                       refill=True)
+    samples, _, consumed, _ = generator.generate_samples(max_len=64)
+    assert [p for p, _ in engine.requests] == ["all-right", "mixed", "all-wrong", "one-right"]
+    assert consumed == 4 and len(samples) == 2 * G
+    assert {s.prompts[0] for s in samples} == {"mixed", "one-right"}
+
+
+def test_selection_is_deterministic_for_a_seed(sg, tmp_path):
+    picks = []
+    for _ in range(2):
+        generator, _ = make_generator(sg, tmp_path, prompts=["mixed"])
+        samples, *_ = generator.generate_samples(max_len=64)
+        picks.append([int(s.info["rollout"].item()) for s in samples])
+    assert picks[0] == picks[1]
+
+
+def test_evaluation_is_not_down_sampled(sg, tmp_path):
+    generator, engine = make_generator(sg, tmp_path, prompts=["all-right", "mixed", "all-wrong"])
+    samples = generator.generate_eval_samples(max_len=64, n_samples_per_prompt=3, temperature=0.6)
+    assert engine.requests == [("all-right", 3), ("mixed", 3), ("all-wrong", 3)]
+    assert len(samples) == 9  # every rollout, equal-reward groups included
+    assert "roc/drop_rate" not in samples[0].info
+
+
+def test_select_groups_rejects_mixed_or_partial_groups(sg):
+    ours, _ = sg
+    from rstar_env.plugins import load_sampler
+
+    def exp(prompt, reward):
+        info = {k: torch.tensor([1.0]) for k in ours.SUMMARY_KEYS}
+        return SimpleNamespace(prompts=[prompt], rewards=torch.tensor([reward]), info=info)
+
+    sampler, rng = load_sampler("roc"), __import__("numpy").random.default_rng(0)
+    with pytest.raises(ValueError, match="whole groups"):
+        ours.select_groups([exp("a", 1.0)] * 3, rollouts_per_prompt=2, keep=1, sampler=sampler, rng=rng)
+    with pytest.raises(ValueError, match="mix prompts"):
+        ours.select_groups([exp("a", 1.0), exp("b", 0.0)], rollouts_per_prompt=2, keep=1, sampler=sampler, rng=rng)
+    bare = SimpleNamespace(prompts=["a"], rewards=torch.tensor([1.0]), info={})
+    with pytest.raises(ValueError, match="extra_logs"):
+        ours.select_groups([bare, bare], rollouts_per_prompt=2, keep=1, sampler=sampler, rng=rng)
+
+
+def test_group_size_must_match_n_samples_per_prompt(sg, tmp_path):
+    ours, _ = sg
+    run = load_config({"trainer": {"backend": "openrlhf", "group_size": 8}})
+    args = SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=4))
+    with pytest.raises(ValueError, match=r"n_samples_per_prompt is 4 but trainer\.group_size is 8"):
+        ours.RocSamplesGenerator(SimpleNamespace(args=args), [], None, None, [], run_config=run)
+
+
+def test_install_patches_sync_and_async_trainer_modules(sg, monkeypatch):
+    ours, openrlhf_sg = sg
+    from rstar_trainers.openrlhf import patch
+
+    original = openrlhf_sg.SamplesGenerator
+    fakes = {}
+    for name in patch.TRAINER_MODULES:  # the real ones import DeepSpeed; their globals are what matters
+        fakes[name] = ModuleType(name)
+        fakes[name].SamplesGenerator = original
+        monkeypatch.setitem(sys.modules, name, fakes[name])
+    assert patch.install()
+    for module in (openrlhf_sg, *fakes.values()):
+        assert module.SamplesGenerator is ours.RocSamplesGenerator
+    assert issubclass(ours.RocSamplesGenerator, original)
+    assert patch.install()  # idempotent: still one import hook, still OpenRLHF's class as the base
+    assert sum(isinstance(f, patch.PatchFinder) for f in sys.meta_path) == 1
+    assert getattr(openrlhf_sg, patch.ORIGINAL_ATTR) is original
+    patch.uninstall()
+    assert all(m.SamplesGenerator is original for m in (openrlhf_sg, *fakes.values()))
+    monkeypatch.setenv(patch.DISABLE_ENV, "1")
+    assert not patch.install() and openrlhf_sg.SamplesGenerator is original
+
+
+def test_import_hook_patches_a_module_when_it_is_first_imported(tmp_path, monkeypatch):
+    from rstar_trainers.openrlhf import patch
+
+    (tmp_path / "late_trainer_mod.py").write_text("class SamplesGenerator:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    finder = patch.PatchFinder(("late_trainer_mod",), lambda m: seen.append(m.SamplesGenerator.__name__))
+    sys.meta_path.insert(0, finder)
+    try:
+        module = importlib.import_module("late_trainer_mod")
+    finally:
+        sys.meta_path.remove(finder)
+        sys.modules.pop("late_trainer_mod", None)
+    assert seen == ["SamplesGenerator"] and module.__spec__.loader.get_source("late_trainer_mod")
+    hook_module, _, hook_name = patch.SETUP_HOOK.rpartition(".")
+    assert getattr(importlib.import_module(hook_module), hook_name) is patch.worker_setup
