@@ -112,6 +112,18 @@ def test_plot_and_filter_hard_from_a_run(tmp_path, smollm2):
     assert all(0 <= h["metadata"]["pass_rate"] < 1 for h in hard)
 
 
+def test_trained_weights_save_and_reload(tmp_path, smollm2):
+    from rstar_env.rollout.local import load_model
+
+    trainer = make(run_config(tmp_path), smollm2)
+    path = trainer.save_model()
+    trainer.close()
+    reloaded, tokenizer = load_model(path, cache=False)
+    ids = torch.tensor([tokenizer.encode("What is 2 + 2?")])
+    with torch.no_grad():
+        assert torch.allclose(reloaded(ids).logits, trainer.model.eval()(ids).logits, atol=1e-5)
+
+
 def test_trainer_section_errors_name_the_key(tmp_path):
     run = run_config(tmp_path, group_sizes=3)
     with pytest.raises(ConfigError, match=r"trainer\.group_sizes: unknown key"):

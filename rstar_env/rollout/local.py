@@ -92,6 +92,12 @@ def load_model(
         kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {"local_files_only": True}
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).to(device)
+        if gguf:
+            # transformers dequantizes GGUF weights to plain tensors on load but keeps the quantizer, which then
+            # refuses save_pretrained; a trained model must be savable as an ordinary checkpoint.
+            model.hf_quantizer = None
+            if getattr(model.config, "quantization_config", None) is not None:
+                del model.config.quantization_config
         model.eval()
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
