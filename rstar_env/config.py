@@ -105,10 +105,12 @@ class RunConfig(_Model):
         return value
 
 
-def _describe(error: ValidationError, origin: str) -> str:
-    lines = [f"invalid config {origin}:"]
+def validation_error_message(error: ValidationError, title: str, *, prefix: str = "") -> str:
+    """A pydantic error as lines of ``key.path: what is wrong (got value)``; ``prefix`` roots the paths (a trainer
+    validates its own section: ``prefix="trainer."``)."""
+    lines = [title]
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        where = prefix + ".".join(str(p) for p in item["loc"]) if item["loc"] else prefix.rstrip(".") or "(top level)"
         if item["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown key (check its spelling against the config reference in README)")
         else:
@@ -162,4 +164,4 @@ def load_config(source: str | Path | dict[str, Any] | RunConfig | None = None, *
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from None
+        raise ConfigError(validation_error_message(exc, f"invalid config {origin}:")) from None

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
-from rstar_env.config import ConfigError, RunConfig
+from rstar_env.config import ConfigError, RunConfig, validation_error_message
 
 
 class LocalTrainerConfig(BaseModel):
@@ -94,8 +94,4 @@ def trainer_config(run: RunConfig, *, force_local: bool = False, **overrides: An
     try:
         return LocalTrainerConfig.model_validate(data)
     except ValidationError as exc:
-        lines = ["invalid trainer section:"]
-        for item in exc.errors():
-            where = "trainer." + ".".join(str(p) for p in item["loc"])
-            lines.append(f"  {where}: {'unknown key' if item['type'] == 'extra_forbidden' else item['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError(validation_error_message(exc, "invalid trainer section:", prefix="trainer.")) from None

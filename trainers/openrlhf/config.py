@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from rstar_env.config import ConfigError, RunConfig
+from rstar_env.config import ConfigError, RunConfig, validation_error_message
 
 DEFAULT_MODEL = "Qwen/Qwen3-14B-Base"
 """The base model of the rStar2-Agent report."""
@@ -249,11 +249,8 @@ def trainer_config(run: RunConfig, **overrides: Any) -> OpenRLHFConfig:
     try:
         cfg = model.model_validate(data)
     except ValidationError as exc:
-        lines = ["invalid trainer section for backend openrlhf:"]
-        for item in exc.errors():
-            where = ".".join(str(p) for p in item["loc"]) or "(top level)"
-            lines.append(f"  trainer.{where}: {item['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+        title = "invalid trainer section for backend openrlhf:"
+        raise ConfigError(validation_error_message(exc, title, prefix="trainer.")) from None
     if isinstance(cfg, OpenRLHFRLConfig):
         env = run.env
         if env.max_length is not None and (env.length_unit != "tokens" or env.max_length != cfg.max_response_tokens):
