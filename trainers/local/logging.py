@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,7 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """Forget metrics of steps after ``step`` (a resumed run redoes them)."""
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and _step_of(line) is not None and _step_of(line) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        truncate_jsonl(self.path, lambda row: row.get("step", 0) <= step)
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -66,11 +63,18 @@ class MetricsLogger:
             self._wandb = None
 
 
-def _step_of(line: str) -> int | None:
-    try:
-        return int(json.loads(line)["step"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
+def truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
+    """Rewrite a JSONL file with only the rows ``keep`` accepts (unreadable lines are dropped)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if line.strip() and keep(json.loads(line)):
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

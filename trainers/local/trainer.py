@@ -37,11 +37,12 @@ from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
 from rstar_env.rollout.collect import collect, jobs_for, trajectory_tokens
 from rstar_env.rollout.local import TransformersPolicy, load_model
+from rstar_env.rollout.metrics import summarize
 from rstar_env.rollout.policy import SamplingParams
 from rstar_env.trajectory import Trajectory
 from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
-from rstar_trainers.local.logging import MetricsLogger
+from rstar_trainers.local.logging import MetricsLogger, truncate_jsonl
 from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, token_logprobs
 
 
@@ -337,7 +338,7 @@ class LocalTrainer:
         np.random.set_state(state["numpy_rng"])
         random.setstate(state["python_rng"])
         self.logger.truncate_after(self.step)
-        _truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
+        truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
         return True
 
     def save_model(self) -> Path:
@@ -374,34 +375,22 @@ def rollout_metrics(
     from rstar_plugins.samplers.stats import batch_stats  # what the paper plots: kept vs dropped positives
 
     trajectories = [t for group in groups for t in group]
-    n = len(trajectories)
-    correct = [t for t in trajectories if t.reward > 0]
-    calls = sum(t.num_tool_calls for t in trajectories)
-    correct_calls = sum(t.num_tool_calls for t in correct)
+    summary = summarize(trajectories, correct_threshold=0.0)
     lengths = [t.response_tokens or 0 for t in trajectories]
     metrics = {
-        "reward": fmean(t.reward for t in trajectories),
-        "accuracy": len(correct) / n,
-        "tool_calls_per_trajectory": calls / n,
-        "tool_error_ratio": sum(t.num_tool_errors for t in trajectories) / calls if calls else 0.0,
-        "tool_error_ratio_correct": (
-            sum(t.num_tool_errors for t in correct) / correct_calls if correct_calls else 0.0
-        ),
+        "reward": summary["mean_reward"],
+        "accuracy": summary["pass@1"],
+        "tool_calls_per_trajectory": summary["tool_calls_per_episode"],
+        "tool_error_ratio": summary["tool_error_ratio"],
+        "tool_error_ratio_correct": summary["tool_error_ratio_correct"],
         "response_tokens": fmean(lengths),
         "response_tokens_max": float(max(lengths)),
-        "truncated_ratio": sum(t.end_reason == "length" for t in trajectories) / n,
+        "truncated_ratio": summary["end_reasons"].get("length", 0) / len(trajectories),
         "groups_kept": float(sum(s is not None for s in selection)),
         "groups_dropped": float(sum(s is None for s in selection)),
     }
     metrics.update({f"sampler/{k}": float(v) for k, v in batch_stats(groups, list(selection), keep).items()})
     return metrics
-
-
-def _truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
-    if path.exists():
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        kept = [line for line in lines if keep(json.loads(line))]
-        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
