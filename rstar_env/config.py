@@ -148,7 +148,10 @@ def load_config(source: str | Path | dict[str, Any] | RunConfig | None = None, *
     ``overrides`` replace whole top-level sections (``tools=[...]``, ``reward="format"``); ``None`` values are
     ignored, so callers can pass optional keyword arguments straight through.
     """
+    given = {key: value for key, value in overrides.items() if value is not None}
     if isinstance(source, RunConfig):
+        if not given:  # already valid: a copy, not another validation (trainers build an env per rollout)
+            return source.model_copy(deep=True)
         data, origin = source.model_dump(), "(RunConfig)"
     elif isinstance(source, str | Path):
         data, origin = read_yaml(source), str(source)
@@ -158,9 +161,7 @@ def load_config(source: str | Path | dict[str, Any] | RunConfig | None = None, *
         data, origin = {}, "(defaults)"
     else:
         raise ConfigError(f"config must be a YAML path, a dict or a RunConfig, got {type(source).__name__}")
-    for key, value in overrides.items():
-        if value is not None:
-            data[key] = value
+    data.update(given)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
