@@ -40,7 +40,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(f"rstar-env training: {Path(run_dir).name}")
     fig.tight_layout()
     path = Path(out) if out else Path(run_dir) / "curves.png"
