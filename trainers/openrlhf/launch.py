@@ -103,6 +103,23 @@ def _is_hub_name(model: str) -> bool:
     return re.fullmatch(r"[\w.-]+/[\w.-]+", model) is not None and not Path(model).exists()
 
 
+def _output_flags(cfg: OpenRLHFRLConfig | OpenRLHFSFTConfig, path: Callable[[str | Path], str]) -> list[str]:
+    """Checkpoints, logs and pass-through flags: the same for every stage."""
+    out = Path(cfg.output_dir)
+    flags: list[str] = []
+    _flag(flags, "ckpt.output_dir", path(out / "model"))
+    _flag(flags, "ckpt.path", path(out / "checkpoints"))
+    _flag(flags, "ckpt.save_steps", cfg.save_steps)
+    _flag(flags, "ckpt.save_hf", cfg.save_hf)
+    if cfg.tensorboard:
+        _flag(flags, "logger.tensorboard_dir", path(out / "tensorboard"))
+    if cfg.wandb_project:
+        _flag(flags, "logger.wandb.project", cfg.wandb_project)
+    for name, value in cfg.extra_args.items():
+        _flag(flags, name.lstrip("-"), value)
+    return flags
+
+
 def rl_flags(
     run: RunConfig,
     cfg: OpenRLHFRLConfig,
@@ -113,7 +130,6 @@ def rl_flags(
 ) -> list[str]:
     """OpenRLHF ``train_ppo_ray`` flags for an RL stage; ``path`` maps a local path to what the cluster sees."""
     c, ds, ev = cfg.cluster, cfg.deepspeed, cfg.eval
-    out = Path(cfg.output_dir)
     flags: list[str] = []
     add = lambda name, value: _flag(flags, name, value)  # noqa: E731 (a local shorthand)
     add("actor.model_name_or_path", cfg.model if _is_hub_name(cfg.model) else path(cfg.model))
@@ -177,17 +193,7 @@ def rl_flags(
         add("eval.steps", ev.steps)
         add("eval.n_samples_per_prompt", ev.n_samples_per_prompt)
         add("eval.temperature", ev.temperature)
-    add("ckpt.output_dir", path(out / "model"))
-    add("ckpt.path", path(out / "checkpoints"))
-    add("ckpt.save_steps", cfg.save_steps)
-    add("ckpt.save_hf", cfg.save_hf)
-    if cfg.tensorboard:
-        add("logger.tensorboard_dir", path(out / "tensorboard"))
-    if cfg.wandb_project:
-        add("logger.wandb.project", cfg.wandb_project)
-    for name, value in cfg.extra_args.items():
-        add(name.lstrip("-"), value)
-    return flags
+    return flags + _output_flags(cfg, path)
 
 
 def chat_template(run: RunConfig) -> str:
@@ -213,7 +219,6 @@ def chat_template(run: RunConfig) -> str:
 def sft_flags(run: RunConfig, cfg: OpenRLHFSFTConfig) -> list[str]:
     """OpenRLHF ``train_sft`` flags for the SFT stage (multiturn: loss on assistant turns only)."""
     ds = cfg.deepspeed
-    out = Path(cfg.output_dir)
     flags: list[str] = []
     add = lambda name, value: _flag(flags, name, value)  # noqa: E731
     add("model.model_name_or_path", cfg.model)
@@ -237,17 +242,7 @@ def sft_flags(run: RunConfig, cfg: OpenRLHFSFTConfig) -> list[str]:
     add("ds.packing_samples", ds.packing_samples)
     add("ds.adam_offload", ds.adam_offload)
     add("model.gradient_checkpointing_enable", ds.gradient_checkpointing)
-    add("ckpt.output_dir", str(out / "model"))
-    add("ckpt.path", str(out / "checkpoints"))
-    add("ckpt.save_steps", cfg.save_steps)
-    add("ckpt.save_hf", cfg.save_hf)
-    if cfg.tensorboard:
-        add("logger.tensorboard_dir", str(out / "tensorboard"))
-    if cfg.wandb_project:
-        add("logger.wandb.project", cfg.wandb_project)
-    for name, value in cfg.extra_args.items():
-        add(name.lstrip("-"), value)
-    return flags
+    return flags + _output_flags(cfg, str)
 
 
 def plan_launch(config: str | Path, *, python: str = "python") -> LaunchPlan:
