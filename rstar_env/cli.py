@@ -274,12 +274,17 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
                   TimeElapsedColumn(), console=console,
                   disable=as_json and not sys.stderr.isatty()) as progress:
         task = progress.add_task("", total=total)
-        solved = [0, 0]
+        counts = {"correct": 0, "scored": 0, "failed": 0}
 
         def on_done(trajectory: Any) -> None:
-            solved[0] += trajectory.reward > 0.5
-            solved[1] += 1
-            progress.update(task, advance=1, description=f"pass@1 {solved[0] / solved[1]:.3f}")
+            if trajectory.failed:  # an outage is not a wrong answer
+                counts["failed"] += 1
+            else:
+                counts["correct"] += trajectory.reward > 0.5
+                counts["scored"] += 1
+            rate = f"pass@1 {counts['correct'] / counts['scored']:.3f}" if counts["scored"] else "pass@1 -"
+            failed = f"  failed {counts['failed']}" if counts["failed"] else ""
+            progress.update(task, advance=1, description=rate + failed)
 
         async def run() -> dict[str, Any]:
             try:
@@ -296,13 +301,19 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
     summary["trajectories_file"] = out
     if as_json:
         click.echo(json.dumps(summary, indent=2))
-        return
-    table = Table(title=f"eval: {model or endpoint or 'smollm2'} on {cfg.dataset.source}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in format_summary_rows(summary):
-        table.add_row(key, value)
-    Console().print(table)
+    else:
+        table = Table(title=f"eval: {model or endpoint or 'smollm2'} on {cfg.dataset.source}")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for key, value in format_summary_rows(summary):
+            table.add_row(key, value)
+        Console().print(table)
+    failures = summary.get("env_errors", 0) + summary.get("policy_errors", 0)
+    if failures:
+        console.print(f"[red]eval: {failures} episode(s) ended in a system failure (env_error/policy_error) and were "
+                      f"not scored; the error is in each record's 'error' field of {out}. Run the same command "
+                      "again to retry them.[/]")
+        sys.exit(1)
 
 
 # -- chat ----------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ tool responses that say what was wrong, counted as ``bad_call`` errors in the tr
 from __future__ import annotations
 
 import time
+import traceback
 import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar, SupportsFloat
@@ -42,9 +43,13 @@ from rstar_env.format import (
 from rstar_env.plugins import load_reward, load_tool
 from rstar_env.spaces import UnicodeText
 from rstar_env.tool import EpisodeContext, validate_arguments
-from rstar_env.trajectory import RewardResult, ToolCall, ToolResult, Trajectory, Turn
+from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolResult, Trajectory, Turn
 
 PluginLike = str | dict[str, Any] | PluginSpec | Any
+
+
+class RewardError(RuntimeError):
+    """The verifier failed to judge an answer (it raised): the episode ends as an ``env_error``, unscored."""
 
 
 class MathToolEnv(gymnasium.Env[str, str]):
@@ -179,6 +184,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
         ``token_ids``/``logprobs``: what a token-level policy generated for ``action``; recorded in the turn and
         used for the length budget instead of re-tokenizing.
+
+        Nothing in ``action`` makes this raise. A failure of the env itself, a tool plugin or the verifier ends
+        this episode alone with ``end_reason == "env_error"``, unscored, the traceback in ``info["error"]``.
         """
         traj, episode = self._trajectory, self._episode
         if traj is not None and traj.done:
@@ -187,7 +195,40 @@ class MathToolEnv(gymnasium.Env[str, str]):
             raise gymnasium.error.ResetNeeded("call reset() before step()")
         if not isinstance(action, str):
             raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
+        try:
+            return await self._astep(action, token_ids, logprobs, traj, episode)
+        except ConfigError:  # the caller's setup is wrong for every episode: say so, not one env_error each
+            raise
+        except Exception:
+            traj.end_reason = None  # the failure may have struck while the episode was being finished
+            return await self.aabort("env_error", traceback.format_exc())
 
+    async def aabort(self, reason: str, error: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the episode as a failure of the system: ``reason`` is ``"env_error"`` or ``"policy_error"``.
+
+        The episode is recorded with ``error`` and no score (``reward_result`` is ``None``): statistics, trainers
+        and resumed evaluations leave it out, or run it again. Returns a final step (``truncated=True``).
+        """
+        if reason not in SYSTEM_FAILURES:
+            raise ValueError(f"an aborted episode ends in one of {SYSTEM_FAILURES}, not {reason!r}")
+        traj = self._trajectory
+        if traj is None or traj.done:
+            raise gymnasium.error.ResetNeeded("no episode is running; call reset()")
+        traj.error = error
+        return await self._finish(reason, None)
+
+    def abort(self, reason: str, error: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the episode as a failure of the system; see :meth:`aabort`."""
+        return _aio.run_sync(self.aabort(reason, error))
+
+    async def _astep(
+        self,
+        action: str,
+        token_ids: Sequence[int] | None,
+        logprobs: Sequence[float] | None,
+        traj: Trajectory,
+        episode: EpisodeContext,
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         episode.turn = len(traj.turns)
         turn = Turn(
             action=action,
@@ -282,8 +323,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
         assert traj is not None
         try:
             return await self.reward_fn.score(action, traj.answer)
-        except Exception as exc:  # a verifier bug scores 0 and says why, instead of killing a rollout batch
-            return RewardResult(0.0, None, f"error: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a verifier that fails has not judged the answer: no score, an env_error
+            raise RewardError(f"the {self.reward_fn.name!r} verifier raised {type(exc).__name__}: {exc}") from exc
 
     async def _finish(
         self, reason: str, result: RewardResult | None
@@ -291,8 +332,11 @@ class MathToolEnv(gymnasium.Env[str, str]):
         traj = self._trajectory
         assert traj is not None
         traj.end_reason = reason  # type: ignore[assignment]
-        traj.reward_result = result if result is not None else RewardResult(0.0, None, reason)
-        traj.reward = float(traj.reward_result.reward)
+        if traj.failed:
+            traj.reward_result, traj.reward = None, 0.0  # not a score: nothing was judged
+        else:
+            traj.reward_result = result if result is not None else RewardResult(0.0, None, reason)
+            traj.reward = float(traj.reward_result.reward)
         traj.duration_s = time.perf_counter() - self._started
         info = self._info()
         await self._end_episode()
@@ -312,7 +356,10 @@ class MathToolEnv(gymnasium.Env[str, str]):
     def _info(self) -> dict[str, Any]:
         traj = self._trajectory
         assert traj is not None
-        return {"trajectory": traj.copy(), "turn": len(traj.turns), "end_reason": traj.end_reason}
+        info = {"trajectory": traj.copy(), "turn": len(traj.turns), "end_reason": traj.end_reason}
+        if traj.error is not None:
+            info["error"] = traj.error
+        return info
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -324,7 +371,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if self.settings.length_unit == "chars":
             return len(text)
         if tokens is None:
-            raise ValueError(
+            raise ConfigError(
                 "length_unit is 'tokens' but no token count is known: give MathToolEnv a tokenizer "
                 "or pass token_ids to step()"
             )

@@ -18,8 +18,18 @@ from typing import Any, Literal, get_args
 ToolErrorKind = Literal["exception", "timeout", "bad_call", "crash", "output_limit"]
 """Why a tool call failed. ``bad_call``: malformed JSON, unknown tool or invalid arguments."""
 
-EndReason = Literal["answer", "max_turns", "length"]
-"""Why an episode ended: an answer with no tool call, the turn limit, or the length budget."""
+EndReason = Literal["answer", "max_turns", "length", "action_too_long", "time_limit", "env_error", "policy_error"]
+"""Why an episode ended.
+
+The model's own ends, all scored by the env's rules: ``answer`` (an action with no tool call), ``max_turns``,
+``length`` (the response outgrew its budget), ``action_too_long`` (one action over ``max_action_chars``) and
+``time_limit`` (cut by a wrapper such as gymnasium's ``TimeLimit``). The system's failures, never scored:
+``env_error`` (the env, a tool plugin or the verifier failed) and ``policy_error`` (generation failed).
+"""
+
+SYSTEM_FAILURES: tuple[str, ...] = ("env_error", "policy_error")
+"""End reasons that are failures of the system, not of the model: recorded and counted, never scored, never
+trained on, and run again when an evaluation resumes."""
 
 TOOL_ERROR_KINDS: tuple[str, ...] = get_args(ToolErrorKind)
 
@@ -146,6 +156,8 @@ class Trajectory:
     prompt_token_ids: list[int] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     duration_s: float = field(default=0.0, compare=False)
+    error: str | None = None
+    """What failed, for an episode that ended in a system failure (``env_error``/``policy_error``)."""
 
     # -- summary properties read by samplers and statistics ---------------------------------------------------
     @property
@@ -154,8 +166,13 @@ class Trajectory:
 
     @property
     def truncated(self) -> bool:
-        """Ended by the turn limit or the length budget rather than by an answer."""
-        return self.end_reason in ("max_turns", "length")
+        """Ended by a budget (turns, length, action size, a time limit) rather than by an answer."""
+        return self.end_reason in ("max_turns", "length", "action_too_long", "time_limit")
+
+    @property
+    def failed(self) -> bool:
+        """Ended by a failure of the system (see :data:`SYSTEM_FAILURES`): not scored, not to be trained on."""
+        return self.end_reason in SYSTEM_FAILURES
 
     @property
     def num_assistant_turns(self) -> int:
@@ -220,6 +237,7 @@ class Trajectory:
             "prompt_token_ids": self.prompt_token_ids,
             "metadata": self.metadata,
             "duration_s": self.duration_s,
+            "error": self.error,
         }
 
     @classmethod
@@ -237,6 +255,7 @@ class Trajectory:
             prompt_token_ids=data.get("prompt_token_ids"),
             metadata=dict(data.get("metadata", {})),
             duration_s=float(data.get("duration_s", 0.0)),
+            error=data.get("error"),
         )
 
     def copy(self) -> Trajectory:

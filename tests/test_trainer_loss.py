@@ -98,3 +98,17 @@ def test_data_cursor_walks_seeded_epochs():
     assert sorted(first[:5]) == [0, 1, 2, 3, 4] and cursor.epoch == 1 and cursor.position == 1
     again = DataCursor()
     assert again.take(6, 5, seed=0) == first
+
+
+def test_a_group_with_a_failed_episode_is_never_trained_on():
+    from rstar_trainers.local.trainer import rollout_metrics
+
+    group = [traj(1.0, 0), traj(1.0, 1), traj(0.0, 0), traj(0.0, 1)]
+    failed = traj(0.0, 0)
+    failed.end_reason, failed.reward_result, failed.error = "policy_error", None, "engine down"
+    kept, sel = select_groups(load_sampler("grpo"), [group, [*group[:3], failed]], 2, np.random.default_rng(0))
+    assert sel[0] is not None and sel[1] is None
+    assert all(not t.failed for t, _ in kept)
+    metrics = rollout_metrics([group, [*group[:3], failed]], sel, 2)
+    assert metrics["groups_failed"] == 1.0 and metrics["policy_errors"] == 1.0
+    assert metrics["reward"] == pytest.approx(4 / 7)  # the failure is not a zero reward

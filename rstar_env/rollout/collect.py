@@ -159,11 +159,12 @@ async def _step(env: MathToolEnv, generation: Generation) -> Trajectory | None:
     assert live is not None
     live.metadata.setdefault("finish_reasons", []).append(generation.finish_reason)
     if generation.finish_reason == "error":
-        # The backend failed for this episode: it ends as an empty answer (reward 0), marked so stats can tell.
-        live.metadata["policy_error"] = str(generation.metadata.get("error", generation.text))
-    _, _, terminated, truncated, info = await env.astep(
-        "" if generation.finish_reason == "error" else generation.text,
-        token_ids=generation.token_ids,
-        logprobs=generation.logprobs,
-    )
+        # Generation failed after the policy's own retries: a failure of the system, never a scored answer.
+        _, _, terminated, truncated, info = await env.aabort(
+            "policy_error", str(generation.metadata.get("error", generation.text))
+        )
+    else:
+        _, _, terminated, truncated, info = await env.astep(
+            generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
+        )
     return info["trajectory"] if terminated or truncated else None

@@ -1,7 +1,8 @@
 """Evaluate a policy on a dataset: k samples per problem, trajectories to JSONL, a summary of the metrics.
 
 Resumable: trajectories already in the output file (matched by problem id and sample index) are not run again,
-and the summary covers the whole file. A half-written last line (a killed run) is ignored with a warning.
+except those that ended in a failure of the system (``env_error``, ``policy_error``), and the summary covers the
+whole file, the latest record of each episode. A half-written last line (a killed run) is ignored with a warning.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ async def evaluate(
 
     With ``out``, each trajectory is appended to that JSONL file as it finishes, and finished ones are skipped.
     """
-    previous = read_trajectories(out) if out else []
+    # The last record of a job wins; one that ended in a system failure is not done, and runs again.
+    latest = {_done_key(t): t for t in (read_trajectories(out) if out else [])}
+    previous = [t for t in latest.values() if not t.failed]
     done = {_done_key(t) for t in previous}
     jobs = jobs_for(rows, samples, skip=lambda job: (job.row.get("id"), job.sample) in done)
     fresh: list[Trajectory] = []

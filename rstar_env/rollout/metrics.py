@@ -35,44 +35,56 @@ def has_answer_format(trajectory: Trajectory) -> bool:
 
 
 def summarize(trajectories: Sequence[Trajectory], *, correct_threshold: float = 0.5) -> dict[str, Any]:
-    """The evaluation summary of a set of trajectories (several samples per problem id allowed)."""
+    """The evaluation summary of a set of trajectories (several samples per problem id allowed).
+
+    Episodes that ended in a failure of the system (``env_error``, ``policy_error``) are counted in ``env_errors``
+    and ``policy_errors`` and left out of every other figure: an outage is not a wrong answer. With nothing scored,
+    the rates are ``None``.
+    """
     if not trajectories:
         return {"episodes": 0}
-    by_problem: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        by_problem[t.id or t.problem].append(t)
-    k = min(len(group) for group in by_problem.values())
-    correct = [t for t in trajectories if t.reward > correct_threshold]
-    calls = sum(t.num_tool_calls for t in trajectories)
-    errors = sum(t.num_tool_errors for t in trajectories)
-    correct_calls = sum(t.num_tool_calls for t in correct)
-    correct_errors = sum(t.num_tool_errors for t in correct)
-    tokens = [t.response_tokens for t in trajectories if t.response_tokens is not None]
     end_reasons: dict[str, int] = defaultdict(int)
-    error_kinds: dict[str, int] = defaultdict(int)
     for t in trajectories:
         end_reasons[str(t.end_reason)] += 1
+    failures = {"env_errors": end_reasons.get("env_error", 0), "policy_errors": end_reasons.get("policy_error", 0)}
+    scored = [t for t in trajectories if not t.failed]
+    if not scored:
+        return {"problems": 0, "episodes": len(trajectories), "scored": 0, "pass@1": None, "mean_reward": None,
+                "end_reasons": dict(end_reasons), **failures}
+    by_problem: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in scored:
+        by_problem[t.id or t.problem].append(t)
+    k = min(len(group) for group in by_problem.values())
+    correct = [t for t in scored if t.reward > correct_threshold]
+    calls = sum(t.num_tool_calls for t in scored)
+    errors = sum(t.num_tool_errors for t in scored)
+    correct_calls = sum(t.num_tool_calls for t in correct)
+    correct_errors = sum(t.num_tool_errors for t in correct)
+    tokens = [t.response_tokens for t in scored if t.response_tokens is not None]
+    error_kinds: dict[str, int] = defaultdict(int)
+    for t in scored:
         for kind, n in t.tool_error_counts().items():
             error_kinds[kind] += n
     return {
         "problems": len(by_problem),
         "episodes": len(trajectories),
+        "scored": len(scored),
         "samples_per_problem": k,
-        "pass@1": fmean(t.reward > correct_threshold for t in trajectories),
-        "mean_reward": fmean(t.reward for t in trajectories),
+        "pass@1": fmean(t.reward > correct_threshold for t in scored),
+        "mean_reward": fmean(t.reward for t in scored),
         f"pass@{k}": fmean(
             pass_at_k(len(g), sum(t.reward > correct_threshold for t in g), k) for g in by_problem.values()
         ),
         "mean_response_tokens": fmean(tokens) if tokens else None,
-        "mean_response_chars": fmean(len(t.response) for t in trajectories),
-        "mean_turns": fmean(t.num_assistant_turns for t in trajectories),
-        "tool_calls_per_episode": calls / len(trajectories),
+        "mean_response_chars": fmean(len(t.response) for t in scored),
+        "mean_turns": fmean(t.num_assistant_turns for t in scored),
+        "tool_calls_per_episode": calls / len(scored),
         "tool_error_ratio": errors / calls if calls else 0.0,
         "tool_error_ratio_correct": correct_errors / correct_calls if correct_calls else 0.0,
-        "answer_format_rate": fmean(has_answer_format(t) for t in trajectories),
+        "answer_format_rate": fmean(has_answer_format(t) for t in scored),
         "end_reasons": dict(end_reasons),
         "tool_errors_by_kind": dict(error_kinds),
-        "policy_errors": sum("policy_error" in t.metadata for t in trajectories),
+        **failures,
     }
 
 

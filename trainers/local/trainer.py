@@ -360,7 +360,9 @@ def select_groups(
     kept: list[tuple[Trajectory, float]] = []
     selection: list[list[int] | None] = []
     for group in groups:
-        chosen = sampler.select(group, keep, rng)
+        # A group with an episode the system failed (env_error, policy_error) is dropped whole: its failures are
+        # not the model's, and the survivors alone would skew the group's advantages.
+        chosen = None if any(t.failed for t in group) else sampler.select(group, keep, rng)
         selection.append(chosen)
         if chosen:
             advantages = group_advantages([group[i].reward for i in chosen], eps)
@@ -377,17 +379,24 @@ def rollout_metrics(
     trajectories = [t for group in groups for t in group]
     summary = summarize(trajectories, correct_threshold=0.0)
     lengths = [t.response_tokens or 0 for t in trajectories]
+    def figure(key: str) -> float:  # a step whose every episode failed has no scored figure
+        value = summary.get(key)
+        return float("nan") if value is None else float(value)
+
     metrics = {
-        "reward": summary["mean_reward"],
-        "accuracy": summary["pass@1"],
-        "tool_calls_per_trajectory": summary["tool_calls_per_episode"],
-        "tool_error_ratio": summary["tool_error_ratio"],
-        "tool_error_ratio_correct": summary["tool_error_ratio_correct"],
+        "reward": figure("mean_reward"),
+        "accuracy": figure("pass@1"),
+        "tool_calls_per_trajectory": figure("tool_calls_per_episode"),
+        "tool_error_ratio": figure("tool_error_ratio"),
+        "tool_error_ratio_correct": figure("tool_error_ratio_correct"),
         "response_tokens": fmean(lengths),
         "response_tokens_max": float(max(lengths)),
         "truncated_ratio": summary["end_reasons"].get("length", 0) / len(trajectories),
         "groups_kept": float(sum(s is not None for s in selection)),
         "groups_dropped": float(sum(s is None for s in selection)),
+        "groups_failed": float(sum(any(t.failed for t in group) for group in groups)),
+        "env_errors": float(summary["env_errors"]),
+        "policy_errors": float(summary["policy_errors"]),
     }
     metrics.update({f"sampler/{k}": float(v) for k, v in batch_stats(groups, list(selection), keep).items()})
     return metrics
