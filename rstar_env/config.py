@@ -54,7 +54,8 @@ class EnvConfig(_Model):
     max_tool_calls_per_turn: PositiveInt = 4
     """Calls beyond this in one action are not run; each is answered with a ``bad_call`` response."""
     max_action_chars: PositiveInt = 1 << 20
-    """The action space's length bound (the observation space's is the same)."""
+    """The longest action the env reads (and the action space's bound): a longer one is neither parsed nor run, and
+    ends the episode as ``action_too_long`` with reward 0."""
     chat_format: Literal["chatml", "plain"] = "chatml"
     system_prompt: str | None = None
     """``None`` for the built-in rStar2-Agent-style prompt."""

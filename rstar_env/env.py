@@ -13,9 +13,11 @@ Observations are text to *append*: ``reset`` returns the whole prompt, ``step`` 
 action (empty when the episode ends), so a policy's context is ``prompt + action + obs + action + ...``.
 
 Every episode ends: with an action that holds no tool call (its answer is scored: ``terminated``), at the turn
-limit (the last action's answer, if any, is scored: ``truncated``), or when the response outgrows the length budget
-(reward 0: ``truncated``). Nothing the policy writes raises: malformed calls, unknown tools and bad arguments become
-tool responses that say what was wrong, counted as ``bad_call`` errors in the trajectory.
+limit (the last action's answer, if any, is scored: ``truncated``), when the response outgrows the length budget,
+or with an action longer than ``max_action_chars``, which is neither parsed nor run (reward 0: ``truncated``).
+Nothing the policy writes raises: malformed calls (nested too deep or too long included), unknown tools and bad
+arguments become tool responses that say what was wrong, counted as ``bad_call`` errors in the trajectory. Tool
+output is data: chat markers in it are neutralised, and with a tokenizer its ids never hold a special token.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from rstar_env.format import (
 )
 from rstar_env.plugins import load_reward, load_tool
 from rstar_env.spaces import UnicodeText
+from rstar_env.special_tokens import SpecialTokens, encode_parts
 from rstar_env.tool import EpisodeContext, validate_arguments
 from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolResult, Trajectory, Turn
 
@@ -235,6 +238,11 @@ class MathToolEnv(gymnasium.Env[str, str]):
             action_token_ids=list(token_ids) if token_ids is not None else None,
             action_logprobs=list(logprobs) if logprobs is not None else None,
         )
+        if len(action) > self.settings.max_action_chars:
+            # Neither parsed nor run (nor tokenized: it may be huge); scored like the length budget, reward 0.
+            turn.action_tokens = len(token_ids) if token_ids is not None else None
+            traj.turns.append(turn)
+            return await self._finish("action_too_long", None)
         turn.action_tokens = len(token_ids) if token_ids is not None else self._count_tokens(action)
         traj.turns.append(turn)
         self._used += self._length(action, turn.action_tokens)
@@ -246,10 +254,13 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
         for parsed in parse_tool_calls(action, self.settings.max_tool_calls_per_turn):
             turn.tool_calls.append(await self._run_call(parsed, episode))
-        feedback = self.chat_format.render_feedback(action, [c.result.text for c in turn.tool_calls])
+        # Tool output is data: its markers are neutralised, and only the template's markers become special tokens.
+        specials = SpecialTokens.of(self.tokenizer).strings if self.tokenizer is not None else ()
+        parts = self.chat_format.feedback_parts(action, [c.result.text for c in turn.tool_calls], specials)
+        feedback = "".join(part.text for part in parts)
         turn.feedback = feedback
         if self.tokenizer is not None:
-            turn.feedback_token_ids = self._encode(feedback)
+            turn.feedback_token_ids = encode_parts(self.tokenizer, parts)
             turn.feedback_tokens = len(turn.feedback_token_ids)
         self._used += self._length(feedback, turn.feedback_tokens)
 

@@ -6,16 +6,22 @@ Tool calls use the hermes format that vLLM's ``--tool-call-parser hermes`` under
     {"name": "python", "arguments": {"code": "print(1 + 1)"}}
     </tool_call>
 
-Parsing never raises: a call that cannot be understood comes back as a :class:`ParsedCall` with ``error`` set,
-which the environment turns into a tool response that says what was wrong.
+Parsing never raises: a call that cannot be understood (bad JSON, nested deeper than ``max_depth``, longer than
+``max_call_chars``, ...) comes back as a :class:`ParsedCall` with ``error`` set, which the environment turns into a
+tool response that says what was wrong.
+
+Tool output is data: :func:`neutralize_markers` breaks every chat-control marker (turn markers such as
+``<|im_start|>``, the hermes ``<tool_call>``/``<tool_response>`` tags, a tokenizer's special tokens) in text that
+must not steer the conversation, so printed markers can never open or close a turn.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -24,6 +30,13 @@ _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+_JSON_LEXEME = re.compile(r'\\.|["\[\]{}]', re.DOTALL)  # what decides nesting: escapes, quotes, brackets
+
+MAX_CALL_CHARS = 1 << 20
+"""Default size bound of one tool call's JSON (the default ``max_action_chars`` bounds the whole action)."""
+MAX_JSON_DEPTH = 32
+"""Default nesting bound of a tool call's JSON: deep enough for any real arguments, far below the recursion limit
+of ``json``, ``copy.deepcopy`` and the validators that walk the arguments later."""
 
 
 @dataclass(frozen=True)
@@ -41,28 +54,40 @@ def has_tool_call(text: str) -> bool:
     return TOOL_CALL_OPEN in text
 
 
-def parse_tool_calls(text: str, max_calls: int | None = None) -> list[ParsedCall]:
+def parse_tool_calls(
+    text: str,
+    max_calls: int | None = None,
+    *,
+    max_call_chars: int = MAX_CALL_CHARS,
+    max_depth: int = MAX_JSON_DEPTH,
+) -> list[ParsedCall]:
     """Every hermes tool call in ``text``, in order.
 
     An unclosed ``<tool_call>`` at the very end is accepted (generation often stops on ``</tool_call>`` with the
     stop string removed). Calls beyond ``max_calls`` are returned with an error, so they are counted, not lost.
+    A call longer than ``max_call_chars`` or nested deeper than ``max_depth`` is not decoded: it comes back with an
+    error that says so. Never raises, whatever ``text`` holds.
     """
-    calls = [_parse_one(match.group(1)) for match in _TOOL_CALL.finditer(text)]
+    calls = [_parse_one(match.group(1), max_call_chars, max_depth) for match in _TOOL_CALL.finditer(text)]
     if max_calls is not None and len(calls) > max_calls:
         over = f"too many tool calls in one turn: the limit is {max_calls}; this call was not run"
         calls = calls[:max_calls] + [ParsedCall(raw=c.raw, name=c.name, error=over) for c in calls[max_calls:]]
     return calls
 
 
-def _parse_one(raw: str) -> ParsedCall:
+_EXPECTED = 'expected {"name": ..., "arguments": {...}}'
+
+
+def _parse_one(raw: str, max_chars: int = MAX_CALL_CHARS, max_depth: int = MAX_JSON_DEPTH) -> ParsedCall:
     body = raw.strip()
     if not body:
-        return ParsedCall(raw=raw, error='empty tool call: expected {"name": ..., "arguments": {...}}')
-    try:
-        payload = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return ParsedCall(raw=raw, error=f"tool call is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                                         f"{exc.colno}); expected {{\"name\": ..., \"arguments\": {{...}}}}")
+        return ParsedCall(raw=raw, error=f"empty tool call: {_EXPECTED}")
+    if len(body) > max_chars:
+        return ParsedCall(raw=raw, error=f"tool call is {len(body)} characters long; the limit is {max_chars}. "
+                                         "Write shorter code, or compute large data inside the code")
+    payload, problem = _load_json(body, max_depth)
+    if problem is not None:
+        return ParsedCall(raw=raw, error=f"tool call {problem}; {_EXPECTED}")
     if not isinstance(payload, dict):
         return ParsedCall(raw=raw, error=f"tool call must be a JSON object, got {type(payload).__name__}")
     name = payload.get("name")
@@ -70,15 +95,52 @@ def _parse_one(raw: str) -> ParsedCall:
         return ParsedCall(raw=raw, error='tool call has no "name" string')
     arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):  # some models emit the arguments object as a JSON string
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return ParsedCall(raw=raw, name=name, error='"arguments" is a string that is not a JSON object')
+        arguments, problem = _load_json(arguments, max_depth) if arguments.strip() else ({}, None)
+        if problem is not None:
+            return ParsedCall(raw=raw, name=name, error=f'"arguments" is a string that is not a JSON object '
+                                                        f"({problem})")
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
         return ParsedCall(raw=raw, name=name, error=f'"arguments" must be an object, got {type(arguments).__name__}')
     return ParsedCall(raw=raw, name=name, arguments=arguments)
+
+
+def _load_json(text: str, max_depth: int) -> tuple[Any, str | None]:
+    """``(value, None)``, or ``(None, what is wrong)`` for text that is not JSON we are willing to hold."""
+    if _too_deep(text, max_depth):
+        return None, f"is nested more than {max_depth} levels deep"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
+        return None, f"is not valid JSON ({exc})"
+    try:
+        # A "\ud800" escape decodes to a lone surrogate, which no UTF-8 file or sandbox can hold.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return None, "holds an unpaired surrogate escape (\\ud800-\\udfff), which is not text"
+    return value, None
+
+
+def _too_deep(text: str, max_depth: int) -> bool:
+    """Whether the brackets of ``text`` nest deeper than ``max_depth`` outside its strings: one linear scan, no
+    recursion (``json`` itself recurses, and any backtracking regex over strings is quadratic on hostile input)."""
+    depth, in_string = 0, False
+    for match in _JSON_LEXEME.finditer(text):
+        lexeme = match.group(0)
+        if lexeme == '"':
+            in_string = not in_string
+        elif in_string or len(lexeme) == 2:  # brackets inside strings, and escapes, do not nest
+            continue
+        elif lexeme in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        else:
+            depth -= 1
+    return False
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -179,9 +241,63 @@ def render_system_prompt(system: str, tool_schemas: Sequence[dict[str, Any]]) ->
     return f"{system}\n\n{_TOOLS_PREAMBLE.format(schemas=schemas)}"
 
 
-def render_tool_responses(texts: Sequence[str]) -> str:
-    """The content of the message that carries tool outputs back to the model."""
-    return "\n".join(f"<tool_response>\n{t}\n</tool_response>" for t in texts)
+# -- tool output is data ---------------------------------------------------------------------------------------------
+MARKER_BREAK = "\u200b"
+"""What :func:`neutralize_markers` puts after a marker's first character: a zero-width space, so the text reads the
+same to a person but is no longer the marker to a template, a parser or a tokenizer."""
+
+HERMES_MARKERS: tuple[str, ...] = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, "<tool_response>", "</tool_response>")
+TURN_MARKERS: tuple[str, ...] = (
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>",                       # chatml (Qwen, SmolLM2, ...)
+    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",  # Llama 3
+    "<start_of_turn>", "<end_of_turn>",                                 # Gemma
+    "[INST]", "[/INST]", "<s>", "</s>",                                 # Llama 2, Mistral
+)
+"""Turn and sequence markers of common chat templates. Any ``<|name|>`` marker is neutralised too, listed or not."""
+TOOL_OUTPUT_MARKERS: tuple[str, ...] = TURN_MARKERS + HERMES_MARKERS
+"""What tool output may not hold: it could close the tool message, open a turn, or fake a call."""
+
+_ANY_PIPE_MARKER = r"<\|[^\s<>|]{1,64}\|>"
+
+
+@functools.lru_cache(maxsize=64)
+def _marker_pattern(markers: tuple[str, ...]) -> re.Pattern[str]:
+    usable = sorted({m for m in markers if len(m) > 1 and m.strip() and MARKER_BREAK not in m}, key=len, reverse=True)
+    return re.compile("|".join([*(re.escape(m) for m in usable), _ANY_PIPE_MARKER]))
+
+
+def neutralize_markers(text: str, markers: Iterable[str] = TOOL_OUTPUT_MARKERS) -> str:
+    """``text`` with every marker in ``markers`` (and every ``<|name|>``) broken by :data:`MARKER_BREAK`.
+
+    Use it on text that is data, not conversation: tool output (the default markers), or a model's earlier text sent
+    back to a server (``TURN_MARKERS``: its ``<tool_call>`` blocks stay, its forged turns do not). Pass a tokenizer's
+    special tokens in ``markers`` to cover them too. Text without markers is returned unchanged.
+    """
+    pattern = _marker_pattern(tuple(markers))
+
+    def breaking(match: re.Match[str]) -> str:
+        marker = match.group(0)
+        return marker[0] + MARKER_BREAK + marker[1:]
+
+    # Overlapping markers ("<|a|<|b|>") can survive one pass; each pass removes at least one and creates none.
+    while pattern.search(text) is not None:
+        text = pattern.sub(breaking, text)
+    return text
+
+
+def render_tool_responses(texts: Sequence[str], markers: Iterable[str] = TOOL_OUTPUT_MARKERS) -> str:
+    """The content of the message that carries tool outputs back to the model, each output neutralised as data."""
+    markers = tuple(markers)
+    return "\n".join(f"<tool_response>\n{neutralize_markers(t, markers)}\n</tool_response>" for t in texts)
+
+
+@dataclass(frozen=True)
+class FeedbackPart:
+    """A piece of rendered feedback: the template's own text (``template``), or data (tool output) that a tokenizer
+    must encode with special tokens split, so data never becomes a special-token id."""
+
+    text: str
+    template: bool
 
 
 @dataclass(frozen=True)
@@ -190,6 +306,7 @@ class ChatFormat:
 
     ``chatml`` (Qwen, SmolLM2, ...) is the default. Feedback is everything appended after an assistant action up to
     the start of the next one: the end of the assistant turn, the tool message, and the next assistant header.
+    ``control_markers`` are neutralised in tool output (besides :data:`TOOL_OUTPUT_MARKERS`).
     """
 
     name: str
@@ -198,12 +315,20 @@ class ChatFormat:
     assistant_start: str
     turn_end: str
     tool_start: str
+    control_markers: tuple[str, ...] = field(default=())
 
     def render_prompt(self, system: str, user: str) -> str:
         return (f"{self.system_start}{system}{self.turn_end}"
                 f"{self.user_start}{user}{self.turn_end}{self.assistant_start}")
 
-    def render_feedback(self, action: str, tool_texts: Sequence[str]) -> str:
+    def render_feedback(self, action: str, tool_texts: Sequence[str], special_tokens: Sequence[str] = ()) -> str:
+        """The feedback text; ``special_tokens`` (a tokenizer's) are neutralised in tool output too."""
+        return "".join(part.text for part in self.feedback_parts(action, tool_texts, special_tokens))
+
+    def feedback_parts(
+        self, action: str, tool_texts: Sequence[str], special_tokens: Sequence[str] = ()
+    ) -> list[FeedbackPart]:
+        """The feedback as template pieces and tool-output pieces (neutralised), in order."""
         # A policy that stops on the end marker may or may not keep it in the text it returns.
         marker = self.turn_end.rstrip()
         if marker and action.endswith(self.turn_end):
@@ -212,7 +337,15 @@ class ChatFormat:
             end = self.turn_end[len(marker):]
         else:
             end = self.turn_end
-        return f"{end}{self.tool_start}{render_tool_responses(tool_texts)}{self.turn_end}{self.assistant_start}"
+        markers = (*TOOL_OUTPUT_MARKERS, *self.control_markers, *special_tokens)
+        parts = [FeedbackPart(f"{end}{self.tool_start}", True)]
+        for i, text in enumerate(tool_texts):
+            separator = "\n" if i else ""  # as render_tool_responses joins them
+            parts.append(FeedbackPart(f"{separator}<tool_response>\n", True))
+            parts.append(FeedbackPart(neutralize_markers(text, markers), False))
+            parts.append(FeedbackPart("\n</tool_response>", True))
+        parts.append(FeedbackPart(f"{self.turn_end}{self.assistant_start}", True))
+        return parts
 
 
 CHAT_FORMATS: dict[str, ChatFormat] = {
@@ -223,6 +356,7 @@ CHAT_FORMATS: dict[str, ChatFormat] = {
         assistant_start="<|im_start|>assistant\n",
         turn_end="<|im_end|>\n",
         tool_start="<|im_start|>user\n",
+        control_markers=("<|im_start|>", "<|im_end|>"),
     ),
     "plain": ChatFormat(
         name="plain",

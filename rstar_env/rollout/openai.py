@@ -22,6 +22,10 @@ stateless): ``system``, ``user`` (the problem), then per turn an ``assistant`` m
 * ``native_tools=False``: the assistant content is the action verbatim, and all results of a turn go in one
   ``user`` message of ``<tool_response>`` blocks, exactly as the env renders feedback for chatml models.
 
+Either way tool output and earlier model text are data (:func:`~rstar_env.format.neutralize_markers`): a chat
+marker in them (``<|im_start|>``, ``</tool_response>``, any ``<|name|>``, ...) is broken by a zero-width space, so
+the server's template and tokenizer cannot read it as a turn. A model's own ``<tool_call>`` blocks stay as written.
+
 **Responses.** ``Generation.text`` is ``message.content`` followed by each native tool call rendered back to hermes
 text (:func:`~rstar_env.format.format_tool_call`), so the env parses and records it as if the model had written it.
 Arguments that are not valid JSON are kept verbatim in a block the env reports as a ``bad_call``: nothing is lost.
@@ -47,7 +51,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rstar_env.format import DEFAULT_SYSTEM_PROMPT, format_tool_call, has_tool_call, render_tool_responses
+from rstar_env.format import (
+    DEFAULT_SYSTEM_PROMPT,
+    TURN_MARKERS,
+    format_tool_call,
+    has_tool_call,
+    neutralize_markers,
+    render_tool_responses,
+)
 from rstar_env.rollout.policy import FinishReason, Generation, Request, SamplingParams
 from rstar_env.trajectory import Trajectory
 
@@ -207,31 +218,37 @@ class OpenAIPolicy:
             {"role": "user", "content": trajectory.problem},
         ]
         for t, turn in enumerate(trajectory.turns):
+            # What the model wrote earlier goes back as its text, never as turns: a chat marker in it (or in its
+            # code, or in a tool's output) would be read as a real one by the server's template and tokenizer.
+            action = neutralize_markers(turn.action, TURN_MARKERS)
             if not self.native_tools:
-                messages.append({"role": "assistant", "content": turn.action})
+                messages.append({"role": "assistant", "content": action})
                 if turn.tool_calls:
                     results = [call.result.text for call in turn.tool_calls]
                     messages.append({"role": "user", "content": render_tool_responses(results)})
                 continue
-            blocks = list(_TOOL_CALL_BLOCK.finditer(turn.action))
+            blocks = list(_TOOL_CALL_BLOCK.finditer(action))
             native: list[dict[str, Any]] = []
             replies: list[dict[str, Any]] = []
             unreadable: list[str] = []
             content, cursor = [], 0
             for i, block in enumerate(blocks):
                 call = turn.tool_calls[i] if i < len(turn.tool_calls) else None
-                content.append(turn.action[cursor:block.start()])
+                content.append(action[cursor:block.start()])
                 cursor = block.end()
                 if call is not None and call.name is not None and isinstance(call.arguments, dict):
                     call_id = f"call_{t}_{i}"
+                    # Markers only ever sit inside the JSON's strings, so the arguments stay valid JSON.
+                    arguments = neutralize_markers(json.dumps(call.arguments, ensure_ascii=False))
                     native.append({"id": call_id, "type": "function", "function": {
-                        "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}})
-                    replies.append({"role": "tool", "tool_call_id": call_id, "content": call.result.text})
+                        "name": neutralize_markers(call.name), "arguments": arguments}})
+                    replies.append({"role": "tool", "tool_call_id": call_id,
+                                    "content": neutralize_markers(call.result.text)})
                 else:  # no native form: keep what the model wrote, answer it in text
                     content.append(block.group(0))
                     if call is not None:
                         unreadable.append(call.result.text)
-            content.append(turn.action[cursor:])
+            content.append(action[cursor:])
             # Results the env recorded beyond the blocks found here (should not happen) are still shown.
             unreadable.extend(call.result.text for call in turn.tool_calls[len(blocks):])
             text = "".join(content).strip() if native else "".join(content)
