@@ -365,6 +365,7 @@ CHAT_FORMATS: dict[str, ChatFormat] = {
         assistant_start="Assistant: ",
         turn_end="\n\n",
         tool_start="Tool: ",
+        control_markers=("System: ", "User: ", "Assistant: ", "Tool: "),  # its turns start with plain words
     ),
 }
 
