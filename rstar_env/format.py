@@ -21,7 +21,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -315,7 +315,7 @@ class ChatFormat:
     assistant_start: str
     turn_end: str
     tool_start: str
-    control_markers: tuple[str, ...] = field(default=())
+    control_markers: tuple[str, ...] = ()
 
     def render_prompt(self, system: str, user: str) -> str:
         return (f"{self.system_start}{system}{self.turn_end}"
