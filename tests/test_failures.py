@@ -70,6 +70,7 @@ def test_an_outage_is_not_scored_and_a_rerun_retries_it(tmp_path, echo_plugins):
     opts = {"tools": ["echo"], "reward": "exact_test"}
     summary = asyncio.run(evaluate(FlakyPolicy(down=True), rows, samples=2, out=out, width=3, **opts))
     assert summary["policy_errors"] == 8 and summary["scored"] == 0 and summary["pass@1"] is None
+    assert summary["problems"] == 4
     assert all(t.end_reason == "policy_error" and "connection refused" in t.error for t in read_trajectories(out))
 
     summary = asyncio.run(evaluate(FlakyPolicy(down=False), rows, samples=2, out=out, width=3, **opts))

@@ -47,10 +47,11 @@ def summarize(trajectories: Sequence[Trajectory], *, correct_threshold: float = 
     for t in trajectories:
         end_reasons[str(t.end_reason)] += 1
     failures = {"env_errors": end_reasons.get("env_error", 0), "policy_errors": end_reasons.get("policy_error", 0)}
+    problems = len({t.id or t.problem for t in trajectories})
     scored = [t for t in trajectories if not t.failed]
     if not scored:
-        return {"problems": 0, "episodes": len(trajectories), "scored": 0, "pass@1": None, "mean_reward": None,
-                "end_reasons": dict(end_reasons), **failures}
+        return {"problems": problems, "episodes": len(trajectories), "scored": 0, "pass@1": None,
+                "mean_reward": None, "end_reasons": dict(end_reasons), **failures}
     by_problem: dict[str, list[Trajectory]] = defaultdict(list)
     for t in scored:
         by_problem[t.id or t.problem].append(t)
@@ -66,7 +67,8 @@ def summarize(trajectories: Sequence[Trajectory], *, correct_threshold: float = 
         for kind, n in t.tool_error_counts().items():
             error_kinds[kind] += n
     return {
-        "problems": len(by_problem),
+        "problems": problems,
+        "problems_scored": len(by_problem),
         "episodes": len(trajectories),
         "scored": len(scored),
         "samples_per_problem": k,
