@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -198,6 +198,19 @@ class ChatFormat:
     assistant_start: str
     turn_end: str
     tool_start: str
+    prefill: str = ""
+    """Text the environment writes at the start of every assistant turn, after the header (rStar2-Agent's
+    ``<reason>``). It is part of ``assistant_start``, so the prompt and every feedback end with it and the policy
+    continues from it; it is environment text, not policy output (masked out of the loss)."""
+
+    def with_prefill(self, prefill: str) -> ChatFormat:
+        """This format with ``prefill`` opening every assistant turn (added to the existing one, if any)."""
+        return replace(self, assistant_start=self.assistant_start + prefill, prefill=self.prefill + prefill)
+
+    @property
+    def assistant_header(self) -> str:
+        """The assistant header without the prefill: what a chat API's ``assistant`` role stands for."""
+        return self.assistant_start[: len(self.assistant_start) - len(self.prefill)]
 
     def render_prompt(self, system: str, user: str) -> str:
         return (f"{self.system_start}{system}{self.turn_end}"
@@ -232,6 +245,17 @@ CHAT_FORMATS: dict[str, ChatFormat] = {
         turn_end="\n\n",
         tool_start="Tool: ",
     ),
+    # ChatML as microsoft/rStar's rStar2-Agent rollouts lay it out (its custom chat template and agent loop): the
+    # policy's own <|im_end|> closes an assistant turn with no newline after it, the tool message follows at once,
+    # every other message ends "<|im_end|>\n", and each assistant turn opens with "<reason>".
+    "rstar2": ChatFormat(
+        name="rstar2",
+        system_start="<|im_start|>system\n",
+        user_start="\n<|im_start|>user\n",
+        assistant_start="\n<|im_start|>assistant\n",
+        turn_end="<|im_end|>",
+        tool_start="<|im_start|>user\n",
+    ).with_prefill("<reason>"),
 }
 
 
