@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 import rstar_env  # noqa: F401  (registers the env)
 from rstar_env.config import ConfigError, load_config
@@ -125,6 +126,14 @@ def test_make_accepts_the_preset_like_any_option() -> None:
             "ignore", False, True, "all_actions")
         assert env.config.sampler.options == {"turn_count": "after_first"}
         assert env.chat_format.prefill == "<reason>"
+    finally:
+        env.close()
+    # A resolved config given to the env still takes a preset: only what it set explicitly stays.
+    env = MathToolEnv(config=load_config({"env": {"max_tool_calls_per_turn": 2}}), preset="rstar2")
+    try:
+        assert (env.settings.max_turns, env.settings.max_tool_calls_per_turn, list(env.tools)) == (
+            5, 2, ["python_code_with_standard_io"])
+        check_env(env, skip_render_check=True)
     finally:
         env.close()
     # What a caller writes wins over the preset; the rest of the preset stays.
