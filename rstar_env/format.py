@@ -207,11 +207,6 @@ class ChatFormat:
         """This format with ``prefill`` opening every assistant turn (added to the existing one, if any)."""
         return replace(self, assistant_start=self.assistant_start + prefill, prefill=self.prefill + prefill)
 
-    @property
-    def assistant_header(self) -> str:
-        """The assistant header without the prefill: what a chat API's ``assistant`` role stands for."""
-        return self.assistant_start[: len(self.assistant_start) - len(self.prefill)]
-
     def render_prompt(self, system: str, user: str) -> str:
         return (f"{self.system_start}{system}{self.turn_end}"
                 f"{self.user_start}{user}{self.turn_end}{self.assistant_start}")

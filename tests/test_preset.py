@@ -345,3 +345,12 @@ def test_long_output_is_cut_in_the_middle_to_256_characters() -> None:
         assert "missing required argument(s): input" in obs and sandbox.calls == []
     finally:
         env.close()
+
+
+def test_a_prefill_opens_every_assistant_turn_of_any_format() -> None:
+    from rstar_env.format import get_chat_format
+
+    fmt = get_chat_format("chatml").with_prefill("<think>\n")
+    assert fmt.render_prompt("S", "U").endswith("<|im_start|>assistant\n<think>\n")
+    assert fmt.render_feedback("x<|im_end|>", ["1"]).endswith("<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert fmt.prefill == "<think>\n" and get_chat_format("chatml").prefill == ""
