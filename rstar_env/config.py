@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+
+from rstar_env.presets import apply_preset, get_preset
 
 
 class ConfigError(ValueError):
@@ -56,11 +58,43 @@ class EnvConfig(_Model):
     max_action_chars: PositiveInt = 1 << 20
     """The longest action the env reads (and the action space's bound): a longer one is neither parsed nor run, and
     ends the episode as ``action_too_long`` with reward 0."""
-    chat_format: Literal["chatml", "plain"] = "chatml"
+    chat_format: Literal["chatml", "plain", "rstar2"] = "chatml"
+    """``rstar2``: ChatML laid out as the reference rStar2-Agent rollouts are, with ``<reason>`` prefilled."""
     system_prompt: str | None = None
     """``None`` for the built-in rStar2-Agent-style prompt."""
     answer_block: bool = True
     """Expect the final answer in an ``<answer>`` block (see :func:`rstar_env.format.extract_answer`)."""
+    preset: str | None = None
+    """A named bundle of settings laid under this config (``rstar2``: the reference implementation's episode); see
+    :mod:`rstar_env.presets`. Settings written in the config win over the preset's."""
+    user_template: str = "{problem}"
+    """The user message; ``{problem}`` is replaced by the problem (no other braces are interpreted)."""
+    extra_tool_calls: Literal["error", "ignore"] = "error"
+    """Calls beyond ``max_tool_calls_per_turn``: ``error`` answers each with a ``bad_call`` response (counted as a
+    tool error); ``ignore`` drops them unanswered, as the reference implementation does."""
+    tools_on_last_turn: bool = True
+    """Run the tool calls of the last allowed turn (their output is recorded, though the policy never reads it);
+    ``False`` ends the episode without running them, as the reference implementation does."""
+    score_truncated: bool = False
+    """Score a response cut by the length budget as it stands (the reference implementation) instead of giving it
+    reward 0 (the paper's rule and our default)."""
+    scored_text: Literal["last_action", "all_actions"] = "last_action"
+    """What the verifier reads: the last action, or every action of the episode joined (the reference scores its
+    whole response; tool output is never scored here, so a program cannot print the answer for the model)."""
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str | None) -> str | None:
+        if value is not None:
+            get_preset(value)
+        return value
+
+    @field_validator("user_template")
+    @classmethod
+    def _has_problem(cls, value: str) -> str:
+        if "{problem}" not in value:
+            raise ValueError("user_template must contain '{problem}' where the problem goes")
+        return value
 
 
 class DatasetSpec(_Model):
@@ -101,6 +135,8 @@ class RunConfig(_Model):
     @model_validator(mode="before")
     @classmethod
     def _tools_as_list(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            value = apply_preset(value)
         if isinstance(value, dict) and isinstance(value.get("tools"), str | dict):
             value = {**value, "tools": [value["tools"]]}
         return value
@@ -143,17 +179,21 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(source: str | Path | dict[str, Any] | RunConfig | None = None, **overrides: Any) -> RunConfig:
+def load_config(
+    source: str | Path | dict[str, Any] | RunConfig | None = None, *, preset: str | None = None, **overrides: Any
+) -> RunConfig:
     """Build a :class:`RunConfig` from a YAML path, a dict or nothing (defaults).
 
     ``overrides`` replace whole top-level sections (``tools=[...]``, ``reward="format"``); ``None`` values are
-    ignored, so callers can pass optional keyword arguments straight through.
+    ignored, so callers can pass optional keyword arguments straight through. ``preset`` sets ``env.preset``: the
+    preset fills what neither ``source`` nor ``overrides`` set.
     """
     given = {key: value for key, value in overrides.items() if value is not None}
     if isinstance(source, RunConfig):
-        if not given:  # already valid: a copy, not another validation (trainers build an env per rollout)
-            return source.model_copy(deep=True)
-        data, origin = source.model_dump(), "(RunConfig)"
+        if not given and preset is None:  # already valid: a copy, not another validation (trainers build an env
+            return source.model_copy(deep=True)  # per rollout)
+        # With a preset added now, only what was set explicitly, so the preset can fill the rest.
+        data, origin = source.model_dump(exclude_unset=preset is not None), "(RunConfig)"
     elif isinstance(source, str | Path):
         data, origin = read_yaml(source), str(source)
     elif isinstance(source, dict):
@@ -163,6 +203,10 @@ def load_config(source: str | Path | dict[str, Any] | RunConfig | None = None, *
     else:
         raise ConfigError(f"config must be a YAML path, a dict or a RunConfig, got {type(source).__name__}")
     data.update(given)
+    if preset is not None:
+        env = data.get("env")
+        env = env.model_dump(exclude_unset=True) if isinstance(env, EnvConfig) else dict(env or {})
+        data["env"] = {**env, "preset": preset}
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

@@ -65,6 +65,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
         dataset: where ``reset()`` without options draws problems (a path, a generated-set spec, a dataset name).
         config: a YAML path, dict or :class:`~rstar_env.config.RunConfig`; keyword arguments override it.
         tokenizer: counts tokens for ``length_unit: tokens`` and fills token ids in the trajectory.
+        preset: a named bundle of settings laid under the others (``"rstar2"``: the reference implementation's
+            episode, see :mod:`rstar_env.presets`).
         **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
     """
 
@@ -80,10 +82,12 @@ class MathToolEnv(gymnasium.Env[str, str]):
         config: str | dict[str, Any] | RunConfig | None = None,
         tokenizer: Any = None,
         render_mode: str | None = None,
+        preset: str | None = None,
         **env_options: Any,
     ) -> None:
         cfg = load_config(
             config,
+            preset=preset,
             tools=None if tools is None else [t for t in tools if _is_spec(t)],
             reward=reward if _is_spec(reward) else None,
             dataset=dataset,
@@ -165,7 +169,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
                 f"reset options need 'problem' and 'answer' (got keys {sorted(row)}); "
                 "pass options={'problem': ..., 'answer': ...} or configure a dataset"
             )
-        prompt = self.chat_format.render_prompt(self.system_prompt, str(row["problem"]))
+        user = self.settings.user_template.replace("{problem}", str(row["problem"]))
+        prompt = self.chat_format.render_prompt(self.system_prompt, user)
         self._trajectory = Trajectory(
             problem=str(row["problem"]),
             answer=str(row["answer"]),
@@ -248,11 +253,17 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self._used += self._length(action, turn.action_tokens)
 
         if self._over_budget():
-            return await self._finish("length", None)
+            return await self._finish("length", await self._score_truncated())
         if not has_tool_call(action):
             return await self._finish("answer", await self._score(action))
+        if not self.settings.tools_on_last_turn and len(traj.turns) >= self.settings.max_turns:
+            return await self._finish("max_turns", await self._score(action))
 
-        for parsed in parse_tool_calls(action, self.settings.max_tool_calls_per_turn):
+        limit = self.settings.max_tool_calls_per_turn
+        calls = parse_tool_calls(action, limit)
+        if self.settings.extra_tool_calls == "ignore":
+            calls = calls[:limit]
+        for parsed in calls:
             turn.tool_calls.append(await self._run_call(parsed, episode))
         # Tool output is data: its markers are neutralised, and only the template's markers become special tokens.
         specials = SpecialTokens.of(self.tokenizer).strings if self.tokenizer is not None else ()
@@ -265,7 +276,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self._used += self._length(feedback, turn.feedback_tokens)
 
         if self._over_budget():
-            return await self._finish("length", None)
+            return await self._finish("length", await self._score_truncated())
         if len(traj.turns) >= self.settings.max_turns:
             return await self._finish("max_turns", await self._score(action))
         return feedback, 0.0, False, False, self._info()
@@ -329,9 +340,17 @@ class MathToolEnv(gymnasium.Env[str, str]):
             result.duration_s = time.perf_counter() - start
         return ToolCall(parsed.raw, parsed.name, parsed.arguments, result)
 
+    async def _score_truncated(self) -> RewardResult | None:
+        """A response cut by the length budget: reward 0 (``None``), or scored as it stands."""
+        traj = self._trajectory
+        assert traj is not None
+        return await self._score(traj.turns[-1].action) if self.settings.score_truncated else None
+
     async def _score(self, action: str) -> RewardResult:
         traj = self._trajectory
         assert traj is not None
+        if self.settings.scored_text == "all_actions":
+            action = "\n".join(turn.action for turn in traj.turns)
         try:
             return await self.reward_fn.score(action, traj.answer)
         except Exception as exc:  # a verifier that fails has not judged the answer: no score, an env_error

@@ -21,7 +21,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -316,6 +316,14 @@ class ChatFormat:
     turn_end: str
     tool_start: str
     control_markers: tuple[str, ...] = ()
+    prefill: str = ""
+    """Text the environment writes at the start of every assistant turn, after the header (rStar2-Agent's
+    ``<reason>``). It is part of ``assistant_start``, so the prompt and every feedback end with it and the policy
+    continues from it; it is environment text, not policy output (masked out of the loss)."""
+
+    def with_prefill(self, prefill: str) -> ChatFormat:
+        """This format with ``prefill`` opening every assistant turn (added to the existing one, if any)."""
+        return replace(self, assistant_start=self.assistant_start + prefill, prefill=self.prefill + prefill)
 
     def render_prompt(self, system: str, user: str) -> str:
         return (f"{self.system_start}{system}{self.turn_end}"
@@ -367,6 +375,18 @@ CHAT_FORMATS: dict[str, ChatFormat] = {
         tool_start="Tool: ",
         control_markers=("System: ", "User: ", "Assistant: ", "Tool: "),  # its turns start with plain words
     ),
+    # ChatML as microsoft/rStar's rStar2-Agent rollouts lay it out (its custom chat template and agent loop): the
+    # policy's own <|im_end|> closes an assistant turn with no newline after it, the tool message follows at once,
+    # every other message ends "<|im_end|>\n", and each assistant turn opens with "<reason>".
+    "rstar2": ChatFormat(
+        name="rstar2",
+        system_start="<|im_start|>system\n",
+        user_start="\n<|im_start|>user\n",
+        assistant_start="\n<|im_start|>assistant\n",
+        turn_end="<|im_end|>",
+        tool_start="<|im_start|>user\n",
+        control_markers=("<|im_start|>", "<|im_end|>"),
+    ).with_prefill("<reason>"),
 }
 
 

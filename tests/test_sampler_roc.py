@@ -297,3 +297,84 @@ def test_only_summary_attributes_are_read(data: tuple[list[T], int], seed: int) 
             (t.num_tool_calls, t.num_tool_errors, t.num_answer_blocks, t.num_assistant_turns)
     sampler = RoCSampler()
     assert sampler.select(trajs, keep, rng(seed)) == sampler.select(group, keep, rng(seed))
+
+
+# -- the reference implementation's turn counting and the no-call penalty ----------------------------------------
+@pytest.mark.parametrize(
+    ("traj", "all_turns", "after_first"),
+    [
+        (T(1, num_answer_blocks=1, num_assistant_turns=1), 0.0, 1.0),    # one turn: the reference counts none
+        (T(1, num_answer_blocks=2, num_assistant_turns=1), 1.0, 1.0),
+        (T(1, num_answer_blocks=1, num_assistant_turns=3), 0.0, 0.0),
+        (T(1, num_answer_blocks=2, num_assistant_turns=3), 1 / 3, 0.5),  # (2 - 1) / 3 here, (2 - 1) / 2 there
+        (T(1, num_answer_blocks=3, num_assistant_turns=5), 0.4, 0.5),
+        (T(1, num_answer_blocks=0, num_assistant_turns=4), 1.0, 1.0),    # no block: 1 either way
+    ],
+)
+def test_turn_count_options(traj: T, all_turns: float, after_first: float) -> None:
+    assert format_penalty(traj) == pytest.approx(all_turns)
+    assert format_penalty(traj, turn_count="after_first") == pytest.approx(after_first)
+    assert RoCSampler(turn_count="after_first").format_penalty(traj) == pytest.approx(after_first)
+
+
+def test_no_call_penalty_option() -> None:
+    no_call = T(1, num_tool_calls=0, num_tool_errors=0)
+    assert error_penalty(no_call) == 0.5
+    assert error_penalty(no_call, no_call_penalty=1.0) == 1.0
+    assert error_penalty(T(1, num_tool_calls=4, num_tool_errors=1), no_call_penalty=1.0) == 0.25  # calls: unchanged
+    # The example: a correct one-turn rollout with no tool call, 0.5 here and 1.5 in the reference.
+    one_turn = T(1, num_tool_calls=0, num_tool_errors=0, num_answer_blocks=1, num_assistant_turns=1)
+    assert RoCSampler().penalty(one_turn) == 0.5
+    assert RoCSampler(turn_count="after_first").penalty(one_turn) == 1.5
+
+
+# Five positives (indices 0-4) and three negatives (5-7); keep 4 -> neg_keep = round(1.5) = 2, pos_keep = 2.
+#                 p_err  p_format(all)  p_format(after_first)
+HAND_GROUP = [
+    T(1, num_tool_calls=0, num_tool_errors=0, num_answer_blocks=1, num_assistant_turns=1),  # 0.5  0    1
+    T(1, num_tool_calls=2, num_tool_errors=1, num_answer_blocks=1, num_assistant_turns=3),  # 0.5  0    0
+    T(1, num_tool_calls=1, num_tool_errors=0, num_answer_blocks=2, num_assistant_turns=2),  # 0    0.5  1
+    T(1, num_tool_calls=2, num_tool_errors=0, num_answer_blocks=1, num_assistant_turns=3),  # 0    0    0
+    T(1, num_tool_calls=1, num_tool_errors=1, num_answer_blocks=1, num_assistant_turns=2),  # 1    0    0
+    T(0), T(0), T(0),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "penalties", "kept_positives"),
+    [
+        ({}, [0.5, 0.5, 0.5, 0.0, 1.0], [0, 3]),  # our default keeps the no-tool rollout 0 (tie, rollout order)
+        ({"turn_count": "after_first"}, [1.5, 0.5, 1.0, 0.0, 1.0], [1, 3]),  # the reference's count drops it
+        ({"no_call_penalty": 1.0}, [1.0, 0.5, 0.5, 0.0, 1.0], [1, 3]),
+        ({"turn_count": "after_first", "roc_error_ratio": False}, [1.0, 0.0, 1.0, 0.0, 0.0], [1, 3]),
+    ],
+)
+def test_options_on_a_hand_computed_group(options: dict, penalties: list[float], kept_positives: list[int]) -> None:
+    sampler = load_sampler("roc", **options)
+    assert [sampler.penalty(t) for t in HAND_GROUP[:5]] == penalties
+    for seed in range(5):
+        chosen = sampler.select(HAND_GROUP, 4, rng(seed))
+        assert chosen is not None and len(chosen) == 4
+        assert [i for i in chosen if i < 5] == kept_positives
+        assert len([i for i in chosen if i >= 5]) == 2
+
+
+def test_stats_use_the_samplers_penalty_terms() -> None:
+    from rstar_plugins.samplers import group_stats
+
+    reference = RoCSampler(turn_count="after_first", no_call_penalty=1.0)
+    selection = reference.select(HAND_GROUP, 4, rng(0))
+    ours = group_stats(HAND_GROUP, selection, 4)
+    theirs = group_stats(HAND_GROUP, selection, 4, sampler=reference)
+    # Positives dropped: 0 (no call, one turn), 2 and 4.
+    assert ours["dropped_pos/format_penalty"] == pytest.approx((0 + 0.5 + 0) / 3)
+    assert theirs["dropped_pos/format_penalty"] == pytest.approx((1 + 1 + 0) / 3)
+    assert ours["dropped_pos/error_penalty"] == pytest.approx((0.5 + 0 + 1) / 3)
+    assert theirs["dropped_pos/error_penalty"] == pytest.approx((1 + 0 + 1) / 3)
+
+
+def test_bad_reference_options_say_what_to_use() -> None:
+    with pytest.raises(ValueError, match=r"turn_count must be 'all'.*'after_first'"):
+        RoCSampler(turn_count="first")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"no_call_penalty .* \[0, 1\]"):
+        RoCSampler(no_call_penalty=2)

@@ -27,6 +27,15 @@ increasing (rollout) order.
 
 Only the summary attributes ``reward``, ``num_tool_calls``, ``num_tool_errors``, ``num_answer_blocks`` and
 ``num_assistant_turns`` are read; tool errors come from the structured counts, never from output text.
+
+Two options reproduce the reference implementation (microsoft/rStar, ``rstar2_agent/down_sample/roc.py``) where it
+differs from the paper's description, which is our default:
+
+* ``turn_count="after_first"``: the reference counts assistant turns with a regex over the *response*, which never
+  sees the first turn (its header is in the prompt), and gives ``p_format = 1`` when it counts none. So a one-turn
+  rollout with its single answer block gets ``p_format = 1`` there (0 with ``"all"``, our default), and a correct
+  rollout that never called the tool totals 1.5 instead of 0.5: the reference all but never keeps one.
+* ``no_call_penalty``: ``p_err`` of a rollout with no tool call (0.5 in the paper and the reference).
 """
 
 from __future__ import annotations
@@ -41,32 +50,56 @@ from rstar_env.sampler import TrajectorySummary
 from .basic import as_generator, check_keep, rewards_equal
 
 Mode = Literal["topk", "weighted"]
+TurnCount = Literal["all", "after_first"]
+TURN_COUNTS: tuple[str, ...] = ("all", "after_first")
 
 
-def error_penalty(traj: TrajectorySummary) -> float:
-    """``p_err``: tool calls that failed / all tool calls; 0.5 when the rollout made no tool call at all (a
-    rollout that never used the tool is neither clean nor broken: it sits between)."""
+def error_penalty(traj: TrajectorySummary, *, no_call_penalty: float = 0.5) -> float:
+    """``p_err``: tool calls that failed / all tool calls; ``no_call_penalty`` (0.5) when the rollout made no tool
+    call at all (a rollout that never used the tool is neither clean nor broken: it sits between)."""
     calls = int(traj.num_tool_calls)
     if calls <= 0:
-        return 0.5
+        return no_call_penalty
     return int(traj.num_tool_errors) / calls
 
 
-def format_penalty(traj: TrajectorySummary) -> float:
-    """``p_format``: 1 with no ``<answer>`` block, else ``min(1, (answer blocks - 1) / assistant turns)``."""
+def counted_turns(traj: TrajectorySummary, turn_count: TurnCount = "all") -> int:
+    """The assistant turns ``p_format`` divides by: all of them, or those after the first (the reference)."""
+    turns = int(traj.num_assistant_turns)
+    return turns if turn_count == "all" else max(0, turns - 1)
+
+
+def format_penalty(traj: TrajectorySummary, *, turn_count: TurnCount = "all") -> float:
+    """``p_format``: 1 with no ``<answer>`` block, else ``min(1, (answer blocks - 1) / assistant turns)``.
+
+    With ``turn_count="after_first"`` the first turn is not counted, and no counted turn means 1 (the reference).
+    With ``"all"`` a rollout is never counted as having fewer than one turn.
+    """
     blocks = int(traj.num_answer_blocks)
     if blocks <= 0:
         return 1.0
-    return min(1.0, (blocks - 1) / max(1, int(traj.num_assistant_turns)))
+    turns = counted_turns(traj, turn_count)
+    if turns <= 0:
+        if turn_count == "after_first":
+            return 1.0
+        turns = 1
+    return min(1.0, (blocks - 1) / turns)
 
 
-def penalty(traj: TrajectorySummary, *, error_ratio: bool = True, answer_format: bool = True) -> float:
+def penalty(
+    traj: TrajectorySummary,
+    *,
+    error_ratio: bool = True,
+    answer_format: bool = True,
+    turn_count: TurnCount = "all",
+    no_call_penalty: float = 0.5,
+) -> float:
     """The RoC penalty of a positive rollout: ``p_err + p_format``, each term switchable."""
     total = 0.0
     if error_ratio:
-        total += error_penalty(traj)
+        total += error_penalty(traj, no_call_penalty=no_call_penalty)
     if answer_format:
-        total += format_penalty(traj)
+        total += format_penalty(traj, turn_count=turn_count)
     return total
 
 
@@ -102,7 +135,8 @@ class RoCSampler:
 
     Options: ``min_positive`` / ``min_negative`` (default 2), ``mode`` (``"topk"`` or ``"weighted"``),
     ``roc_error_ratio`` / ``roc_answer_format`` (switch the two penalty terms), ``eps`` (weighted mode: weight is
-    ``1 / (penalty + eps)``, so a zero-penalty rollout gets a large but finite weight).
+    ``1 / (penalty + eps)``, so a zero-penalty rollout gets a large but finite weight), ``turn_count`` (``"all"``,
+    or ``"after_first"`` as the reference counts) and ``no_call_penalty`` (``p_err`` with no tool call, 0.5).
     """
 
     name: ClassVar[str] = "roc"
@@ -116,6 +150,8 @@ class RoCSampler:
         roc_error_ratio: bool = True,
         roc_answer_format: bool = True,
         eps: float = 1e-2,
+        turn_count: TurnCount = "all",
+        no_call_penalty: float = 0.5,
     ) -> None:
         if mode not in ("topk", "weighted"):
             raise ValueError(f"roc sampler: mode must be 'topk' or 'weighted', got {mode!r}")
@@ -124,15 +160,32 @@ class RoCSampler:
                              f"{min_positive} and {min_negative}")
         if not eps > 0:
             raise ValueError(f"roc sampler: eps must be > 0 (weights are 1 / (penalty + eps)), got {eps}")
+        if turn_count not in TURN_COUNTS:
+            raise ValueError(f"roc sampler: turn_count must be 'all' (every assistant turn) or 'after_first' (the "
+                             f"reference implementation's count), got {turn_count!r}")
+        if not 0 <= no_call_penalty <= 1:
+            raise ValueError(f"roc sampler: no_call_penalty is p_err of a rollout with no tool call, a ratio in "
+                             f"[0, 1]; got {no_call_penalty}")
         self.min_positive = int(min_positive)
         self.min_negative = int(min_negative)
         self.mode: Mode = mode
         self.roc_error_ratio = roc_error_ratio
         self.roc_answer_format = roc_answer_format
         self.eps = float(eps)
+        self.turn_count: TurnCount = turn_count
+        self.no_call_penalty = float(no_call_penalty)
+
+    def error_penalty(self, traj: TrajectorySummary) -> float:
+        """``p_err`` with this sampler's options (whether or not the term is switched on)."""
+        return error_penalty(traj, no_call_penalty=self.no_call_penalty)
+
+    def format_penalty(self, traj: TrajectorySummary) -> float:
+        """``p_format`` with this sampler's options (whether or not the term is switched on)."""
+        return format_penalty(traj, turn_count=self.turn_count)
 
     def penalty(self, traj: TrajectorySummary) -> float:
-        return penalty(traj, error_ratio=self.roc_error_ratio, answer_format=self.roc_answer_format)
+        return penalty(traj, error_ratio=self.roc_error_ratio, answer_format=self.roc_answer_format,
+                       turn_count=self.turn_count, no_call_penalty=self.no_call_penalty)
 
     def select(self, group: Sequence[TrajectorySummary], keep: int, rng: Any) -> list[int] | None:
         check_keep(keep)
@@ -166,4 +219,5 @@ class RoCSampler:
     def __repr__(self) -> str:
         return (f"RoCSampler(mode={self.mode!r}, min_positive={self.min_positive}, "
                 f"min_negative={self.min_negative}, roc_error_ratio={self.roc_error_ratio}, "
-                f"roc_answer_format={self.roc_answer_format}, eps={self.eps})")
+                f"roc_answer_format={self.roc_answer_format}, eps={self.eps}, turn_count={self.turn_count!r}, "
+                f"no_call_penalty={self.no_call_penalty})")

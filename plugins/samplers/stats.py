@@ -17,13 +17,15 @@ Keys (all floats; ``prefix`` is prepended to every key):
   filters), ``kept_neg`` / ``dropped_neg`` (likewise negatives), ``all`` (every rollout of every group).
 
 A ratio whose population is empty is left out rather than logged as NaN (NaN is not JSON); ``{pop}/n`` is always
-present.
+present. The penalty terms are the paper's (``roc``'s defaults) unless ``sampler`` is given: then its own
+``error_penalty`` / ``format_penalty`` (a ``roc`` sampler with the reference's turn counting, say).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rstar_env.sampler import TrajectorySummary
 
@@ -56,14 +58,14 @@ class _Population:
     no_block: int = 0
     multi_block: int = 0
 
-    def add(self, traj: TrajectorySummary) -> None:
+    def add(self, traj: TrajectorySummary, terms: tuple[Callable[[Any], float], Callable[[Any], float]]) -> None:
         self.n += 1
         calls = int(traj.num_tool_calls)
         self.calls += calls
         self.errors += int(traj.num_tool_errors)
         self.no_tool += calls == 0
-        self.error_penalty += error_penalty(traj)
-        self.format_penalty += format_penalty(traj)
+        self.error_penalty += terms[0](traj)
+        self.format_penalty += terms[1](traj)
         blocks = int(traj.num_answer_blocks)
         self.no_block += blocks == 0
         self.multi_block += blocks > 1
@@ -87,8 +89,10 @@ def batch_stats(
     keep: int,
     *,
     prefix: str = "",
+    sampler: Any = None,
 ) -> dict[str, float]:
     """Statistics of one step's sampling: ``selections[i]`` is what the sampler returned for ``groups[i]``."""
+    terms = (getattr(sampler, "error_penalty", error_penalty), getattr(sampler, "format_penalty", format_penalty))
     if len(groups) != len(selections):
         raise ValueError(f"batch_stats: {len(groups)} groups but {len(selections)} selections; pass the "
                          f"sampler's result (indices or None) for every group")
@@ -112,7 +116,7 @@ def batch_stats(
             reward_sum += reward
             positives += positive
             negatives += not positive
-            pops["all"].add(traj)
+            pops["all"].add(traj, terms)
             if reason is not None:
                 continue
             sign = "pos" if positive else "neg"
@@ -121,9 +125,9 @@ def batch_stats(
                 reward_sum_kept += reward
                 pos_kept += positive
                 neg_kept += not positive
-                pops[f"kept_{sign}"].add(traj)
+                pops[f"kept_{sign}"].add(traj, terms)
             else:
-                pops[f"dropped_{sign}"].add(traj)
+                pops[f"dropped_{sign}"].add(traj, terms)
     dropped = len(groups) - groups_kept
     out: dict[str, float] = {
         "groups": float(len(groups)),
@@ -155,7 +159,12 @@ def batch_stats(
 
 
 def group_stats(
-    group: Sequence[TrajectorySummary], selection: Sequence[int] | None, keep: int, *, prefix: str = ""
+    group: Sequence[TrajectorySummary],
+    selection: Sequence[int] | None,
+    keep: int,
+    *,
+    prefix: str = "",
+    sampler: Any = None,
 ) -> dict[str, float]:
     """:func:`batch_stats` of a single group."""
-    return batch_stats([group], [selection], keep, prefix=prefix)
+    return batch_stats([group], [selection], keep, prefix=prefix, sampler=sampler)

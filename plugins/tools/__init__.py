@@ -2,11 +2,12 @@
 
 from rstar_env.plugins import hookimpl
 from rstar_plugins.tools.python import PythonTool
+from rstar_plugins.tools.python_stdio import PythonStdIOTool
 
 
 @hookimpl
 def rstar_env_tools() -> list[type]:
-    return [PythonTool]
+    return [PythonTool, PythonStdIOTool]
 
 
-__all__ = ["PythonTool"]
+__all__ = ["PythonStdIOTool", "PythonTool"]

@@ -179,7 +179,7 @@ class LocalTrainer:
             self._save_trajectories(trajectories)
         metrics = {
             "step": self.step,
-            **rollout_metrics(list(groups.values()), selection, self.cfg.group_size),
+            **rollout_metrics(list(groups.values()), selection, self.cfg.group_size, sampler=self.sampler),
             **update,
             "lr": self.optimizer.param_groups[0]["lr"],
             "time/rollout_s": rollout_s,
@@ -371,7 +371,7 @@ def select_groups(
 
 
 def rollout_metrics(
-    groups: Sequence[Sequence[Trajectory]], selection: Sequence[list[int] | None], keep: int
+    groups: Sequence[Sequence[Trajectory]], selection: Sequence[list[int] | None], keep: int, *, sampler: Any = None
 ) -> dict[str, float]:
     """Reward, accuracy, tool use and the sampler's group statistics of one step's rollouts."""
     from rstar_plugins.samplers.stats import batch_stats  # what the paper plots: kept vs dropped positives
@@ -398,7 +398,8 @@ def rollout_metrics(
         "env_errors": float(summary["env_errors"]),
         "policy_errors": float(summary["policy_errors"]),
     }
-    metrics.update({f"sampler/{k}": float(v) for k, v in batch_stats(groups, list(selection), keep).items()})
+    stats = batch_stats(groups, list(selection), keep, sampler=sampler)  # the sampler's own penalty terms
+    metrics.update({f"sampler/{k}": float(v) for k, v in stats.items()})
     return metrics
 
 
