@@ -87,7 +87,7 @@ class SubprocessWorker(_client.Worker):
 
 class SubprocessSandbox(_base.ThreadedSandbox):
     """Fresh-interpreter sandbox. Takes the options of :class:`~rstar_env.sandbox.local.LocalSandbox`, so a
-    config can switch backends; the pool's own (``preload``, ``warmup``, ``spares``, ``isolation``,
+    config can switch backends; the pool's own (``preload``, ``warmup``, ``spares``, ``isolation``, ``tmp_mb``,
     ``start_timeout_s``) have no effect here, and ``network=False`` cannot be enforced (a warning says so)."""
 
     def __init__(
@@ -108,6 +108,7 @@ class SubprocessSandbox(_base.ThreadedSandbox):
         warmup: Any = None,
         spares: Any = None,
         isolation: Any = None,
+        tmp_mb: Any = None,
         start_timeout_s: Any = None,
     ) -> None:
         super().__init__(
@@ -184,7 +185,8 @@ def _probe_uid(python: str | None, uid: int) -> bool:
     code = (
         "import sys, types; pkg = types.ModuleType('_rstar_sandbox'); "
         f"pkg.__path__ = [{_spawn.PACKAGE_DIR!r}]; sys.modules['_rstar_sandbox'] = pkg\n"
-        f"from _rstar_sandbox import _limits; _limits.drop_privileges({uid}); import json, decimal"
+        f"from _rstar_sandbox import _limits; _limits.drop_privileges({uid}, keep_read_search=True); "
+        "import json, decimal"
     )
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         done = subprocess.run([python or sys.executable, "-c", code], capture_output=True, timeout=30)
