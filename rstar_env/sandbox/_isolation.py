@@ -9,7 +9,8 @@ Preference order for ``isolation="auto"``:
    the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the interpreter), project checkout
    or ``/etc/shadow``. The zygote is PID 1.
 2. **unshare** (util-linux): new PID, IPC, mount and network namespaces with a fresh ``/proc`` (the zygote is
-   PID 1), but the host filesystem as the worker's uid sees it.
+   PID 1), but the host filesystem as the worker's uid sees it, except that a private directory holding the
+   interpreter (``/root``) is covered, with only the interpreter bound back (:func:`._limits.expose_interpreter`).
 3. **none**: the zygote is a plain subreaper process.
 
 On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC namespace and its own
@@ -191,8 +192,9 @@ def choose_isolation(mode: str, *, network: bool) -> Isolation:
         if why is None:
             why_not = f"{reasons[0]}; install the `bubblewrap` package" if reasons else "isolation='unshare'"
             missing = (
-                f"a filesystem built from an allowlist: sandboxed code can read every host file its uid may read "
-                f"(host /tmp, /home, the project checkout) and write where its uid may ({why_not})",
+                f"a filesystem built from an allowlist: sandboxed code can read every world-readable host file "
+                f"(/home, the project checkout); its /tmp and /dev/shm are its own, and private directories that "
+                f"hold the interpreter (such as /root) show only the interpreter ({why_not})",
             )
             return Isolation("unshare", network, True, False, missing)
         if mode == "unshare":

@@ -126,6 +126,7 @@ def drop_privileges(uid: int | None, *, keep_read_search: bool = False) -> None:
     _proctree.prctl(PR_SET_DUMPABLE, 1)
 
 
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
@@ -174,3 +175,34 @@ def _last_cap() -> int:
 def can_drop_privileges() -> bool:
     """True when this process may change uid (root, or holding CAP_SETUID in its namespace)."""
     return os.geteuid() == 0
+
+
+def expose_interpreter(paths: list[str] | tuple[str, ...]) -> list[str]:
+    """In a mount namespace of our own: cover each private directory (one other users cannot enter, such as
+    ``/root``) that holds one of ``paths`` with an empty tmpfs, and bind just ``paths`` back, read-only.
+
+    Then workers need no capability to import from an interpreter under ``/root/.pyenv``, and see nothing else of
+    that home (``.gitconfig``, ``.npmrc``). For the ``unshare`` fallback; bubblewrap builds its own view. Returns
+    the directories covered. Raises OSError if it cannot.
+    """
+    _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+    covers: dict[str, list[str]] = {}
+    for path in paths:
+        parts = os.path.normpath(path).split(os.sep)[1:]
+        for depth in range(1, len(parts)):
+            ancestor = os.sep + os.path.join(*parts[:depth])
+            if not os.stat(ancestor).st_mode & 0o001:  # others may not enter it
+                covers.setdefault(ancestor, []).append(path)
+                break
+    for private, inside in covers.items():
+        handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
+        try:
+            _mount("tmpfs", private, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+            for path, fd in handles.items():
+                os.makedirs(path, 0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+                _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        finally:
+            for fd in handles.values():
+                os.close(fd)
+    return list(covers)

@@ -217,6 +217,10 @@ class ZygotePool:
             "uid_base": self._uid_base,
             "uid_count": UID_RANGE,
             "spares": self.spares,
+            # Without bubblewrap: hide private homes but for the interpreter in them, once in the unshare
+            # fallback's mount namespace, or in each worker's own one (isolation="none": the zygote has none).
+            "expose_paths": [] if self.isolation.kind == "bwrap" else list(_isolation.visible_paths(self.python)),
+            "expose_in": "zygote" if self.isolation.kind == "unshare" else "worker",
             # World-writable directories a worker can leave files in (only /dev/shm under a read-only root).
             "shared_dirs": ["/dev/shm"] if self.isolation.readonly_root else ["/dev/shm", "/tmp", "/var/tmp"],
         }

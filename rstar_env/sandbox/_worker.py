@@ -164,19 +164,22 @@ def prepare(
     *,
     private_mounts: bool = False,
     keep_read_search: bool = False,
+    expose_paths: list[str] | None = None,
 ) -> None:
     """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
 
     Makes it a subreaper (so daemons it starts stay in its tree), gives it its own session, its own IPC namespace
     and empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (``private_mounts``), a private working directory, a clean
     environment and its limits, and finally drops every capability (and changes to its private uid, when the pool
-    runs as root).
+    runs as root). ``expose_paths``: see :func:`._limits.expose_interpreter` (``isolation="none"`` only).
     """
     _proctree.become_subreaper()
     with contextlib.suppress(OSError):
         os.setsid()
     if private_mounts:
         _limits.private_namespaces(limits.tmp_mb)
+        if expose_paths:
+            _limits.expose_interpreter(expose_paths)
     os.mkdir(workdir, 0o700)
     if uid is not None:
         os.chown(workdir, uid, uid)

@@ -132,6 +132,14 @@ class Zygote:
         self.notes: list[str] = []
         if self.pid != 1:  # PID 1 of a namespace adopts every orphan already
             _proctree.become_subreaper()
+        self.expose_paths: list[str] = []
+        if config.get("expose_paths") and config.get("expose_in") == "zygote":
+            try:
+                _limits.expose_interpreter(config["expose_paths"])
+            except OSError as exc:
+                self.notes.append(f"cannot hide private directories around the interpreter: {exc}")
+        elif config.get("expose_paths"):
+            self.expose_paths = list(config["expose_paths"])  # done by each worker, in its own mount namespace
         self.loaded, self.skipped = _preload(config.get("preload", ()))
         if config.get("warmup"):
             try:
@@ -152,6 +160,13 @@ class Zygote:
         """Find the strongest worker setup that works here, in throwaway children; note what is missing."""
         ns_error = _probe(lambda: _limits.private_namespaces(self.limits.tmp_mb))
         private_mounts = ns_error is None
+        if private_mounts and self.expose_paths:
+            error = _probe(lambda: (_limits.private_namespaces(1), _limits.expose_interpreter(self.expose_paths)))
+            if error is not None:
+                self.notes.append(f"cannot hide private directories around the interpreter: {error}")
+                self.expose_paths = []
+        else:
+            self.expose_paths = []
         if not private_mounts:
             self.notes.append(f"no private /tmp, /dev/shm and IPC namespace per worker ({ns_error})")
         uid = int(uid_base) if uid_base is not None else None
@@ -163,6 +178,8 @@ class Zygote:
             def setup(keep: bool = keep) -> None:
                 if private_mounts:
                     _limits.private_namespaces(self.limits.tmp_mb)
+                    if self.expose_paths:
+                        _limits.expose_interpreter(self.expose_paths)
                 _limits.drop_privileges(uid, keep_read_search=keep)
                 os.listdir(os.path.dirname(os.__file__))  # can the worker still import the standard library?
                 for name in ("numpy", "sympy"):
@@ -311,6 +328,7 @@ class Zygote:
                 uid,
                 private_mounts=self.private_mounts,
                 keep_read_search=self.keep_read_search,
+                expose_paths=self.expose_paths,
             )
             _proctree.die_with_parent(self.pid)  # after prepare: a uid change clears the death signal
             with socket.socket(fileno=self.dispatch_fd) as dispatch:
