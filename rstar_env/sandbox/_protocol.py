@@ -54,9 +54,7 @@ def send_message(
         sock.sendall(memoryview(frame)[sent:])
 
 
-def recv_message(
-    sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES
-) -> tuple[dict[str, Any], list[int]] | None:
+def recv_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[dict[str, Any], list[int]] | None:
     """Receive one message and the descriptors that came with it; None on a clean end of stream.
 
     Raises :class:`ProtocolError` on a truncated or malformed frame or one over ``max_bytes`` (checked on the
