@@ -85,6 +85,8 @@ class _Worker:
     cpu_s: float = 0.0
     cpu_base: float = 0.0
     since: float = 0.0
+    finished: bool = False
+    """Its call ended normally (reported, stopped, nothing left below it); killed by us only to free it."""
 
 
 class _Uids:
@@ -431,7 +433,8 @@ class Zygote:
                 os.close(fd)
         worker.token, worker.running, worker.report = request.get("token"), True, None
         worker.cpu_s, worker.since = cpu_s, time.monotonic()
-        worker.cpu_base = _tree_cpu_s(pid)
+        # A session's worker carries the CPU time of its earlier calls; a fresh one only its few ms of setup.
+        worker.cpu_base = _tree_cpu_s(pid) if worker.session else 0.0
         if worker.stopped:  # a session between calls: let it read the request
             worker.stopped = False
             os.kill(pid, signal.SIGCONT)
@@ -465,7 +468,9 @@ class Zygote:
         if worker.chan is not None:
             _send_nowait(worker.chan, {"op": "result", "token": worker.token, **worker.report})
         if not worker.session:
-            _proctree.kill_tree(pid)
+            # Stopped, with nothing below it: a plain kill ends it, and nothing of its uid is left to hunt down.
+            worker.finished = True
+            os.kill(pid, signal.SIGKILL)
 
     def check_cpu(self, now: float) -> None:
         """End calls whose whole process tree used more CPU time than the call may."""
@@ -496,7 +501,7 @@ class Zygote:
             self._finish(pid, worker, status)
 
     def _finish(self, pid: int, worker: _Worker, status: int) -> None:
-        clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        clean_exit = worker.finished or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
         if worker.link is not None:
             if worker.call is None or (worker.running and worker.report is None):
                 self.handle_link(pid)  # it may have taken a call, or reported one, just before dying
