@@ -102,7 +102,7 @@ class LocalSandbox(_base.ThreadedSandbox):
       ``"unshare"`` (fail if unavailable) or ``"none"``.
     * ``env``: extra environment variables for sandboxed code (on top of a small allowlist).
     * ``python``: interpreter for the zygote (default: this one).
-    * ``spares``: workers the zygote keeps forked and prepared ahead of calls (``min(max_concurrency, 8)``),
+    * ``spares``: workers the zygote keeps forked and prepared ahead of calls (``min(max_concurrency, 16)``),
       which takes ``fork`` off the latency of a call; a burst beyond them waits for forks (not on its timeout).
     """
 
@@ -151,7 +151,7 @@ class LocalSandbox(_base.ThreadedSandbox):
             network=network,
             python=python,
             start_timeout_s=start_timeout_s,
-            spares=min(self.max_concurrency, 8) if spares is None else spares,
+            spares=min(self.max_concurrency, 16) if spares is None else spares,
         )
 
     @property
