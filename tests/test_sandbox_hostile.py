@@ -682,6 +682,19 @@ def test_files_written_to_dev_shm_stay_with_the_call(sandbox: LocalSandbox) -> N
     assert later.stdout == "False\n", later  # nor the next call's
 
 
+def test_the_timeout_counts_from_the_start_and_the_wait_is_reported_apart(sandbox: LocalSandbox) -> None:
+    # Eight 0.3 s calls on two slots: the last ones wait about 0.9 s, longer than their 1 s timeout allows
+    # for waiting plus running, and still succeed.
+    async def scenario() -> list[ExecResult]:
+        return await asyncio.gather(*(sandbox.execute("import time\ntime.sleep(0.3)") for _ in range(8)))
+
+    results = run(scenario())
+    assert all(r.ok for r in results), results
+    assert max(r.queue_s for r in results) >= 0.6, [round(r.queue_s, 2) for r in results]
+    assert max(r.queue_s + r.duration_s for r in results) > TIMEOUT_S
+    assert all(r.duration_s < TIMEOUT_S for r in results)
+
+
 # ------------------------------------------------------------------------------- no head-of-line blocking (12.1)
 # Generous bounds: what they rule out is calls waiting for each other (4 s and 5 s below), not slowness.
 

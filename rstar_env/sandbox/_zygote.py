@@ -409,7 +409,8 @@ class Zygote:
             received = None
         if received is None:
             self.selector.unregister(worker.chan)
-            _proctree.kill_tree(pid)
+            if not worker.finished:  # the caller gave up on a live worker (a closed session, a timeout)
+                _proctree.kill_tree(pid)
             return
         request, fds = received
         if request.get("op") != "exec" or len(fds) != 2 or worker.running or worker.link is None:
