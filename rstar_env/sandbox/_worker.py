@@ -310,4 +310,6 @@ def subprocess_main(chan_fd: int, config: dict[str, Any]) -> NoReturn:
     except Exception as exc:  # report instead of dying silently; the caller turns it into a crashed result
         sys.stderr.write(f"sandbox worker setup failed: {exc!r}\n")
         os._exit(70)
+    with socket.socket(fileno=os.dup(chan_fd)) as chan:  # the call's timeout counts from here, not from exec
+        _protocol.send_message(chan, {"op": "started", "pid": os.getpid()})
     serve(chan_fd, once=not config.get("session", False))

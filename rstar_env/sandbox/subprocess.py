@@ -57,7 +57,7 @@ class SubprocessWorker(_client.Worker):
         self, proc: subprocess.Popen[bytes], chan: socket.socket, workdir: str, uid: int | None, uids: _UidRange | None
     ) -> None:
         self.proc, self.chan, self.workdir, self.uid, self._uids = proc, chan, workdir, uid, uids
-        self.started = True
+        self.started = False  # until the interpreter is up and says so: its start-up is not the call's time
 
     def kill(self) -> None:
         _proctree.kill_tree(self.proc.pid)
@@ -72,6 +72,8 @@ class SubprocessWorker(_client.Worker):
 
     def close(self) -> None:
         self.chan.close()  # a session worker exits at end of stream; a one-call worker is exiting already
+        # Whatever its reply said, nothing of the worker's tree outlives it (a cell can forge a reply here).
+        _proctree.kill_tree(self.proc.pid)
         try:
             code = self.proc.wait(timeout=_client.DEATH_GRACE_S)
         except subprocess.TimeoutExpired:
