@@ -453,7 +453,9 @@ def _print_tables(results: dict[str, Any]) -> None:
     show_default=True,
     help="Workloads (repeatable): latency/throughput cells, or head-of-line scenarios (sleep, mixed, ...).",
 )
-@click.option("--repeats", default=3, show_default=True, help="Runs per head-of-line scenario (median reported).")
+@click.option(
+    "--repeats", default=3, show_default=True, help="Runs per head-of-line scenario (median reported); 0 skips them."
+)
 @click.option(
     "--concurrency",
     "concurrencies",
