@@ -562,6 +562,35 @@ else:
         assert hex_key not in _sysv_keys(zygote)  # nor in the pool's: nothing outlives the call
 
 
+def test_posix_message_queues_die_with_the_call(sandbox: LocalSandbox) -> None:
+    name = f"/rstar-{uuid.uuid4().hex[:12]}"
+    mq = """
+import ctypes, ctypes.util, os
+rt = ctypes.CDLL(ctypes.util.find_library("rt") or None, use_errno=True)
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
+                ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+"""
+    send = mq + f"""
+q = rt.mq_open({name.encode()!r}, os.O_CREAT | os.O_WRONLY, 0o666, ctypes.byref(Attr(0, 4, 64, 0)))
+assert q >= 0, ctypes.get_errno()
+assert rt.mq_send(q, b"secret-of-episode-A", 19, 0) == 0, ctypes.get_errno()
+print('sent')
+"""
+    assert execute(sandbox, send).stdout == "sent\n"
+    receive = mq + f"""
+q = rt.mq_open({name.encode()!r}, os.O_RDONLY | os.O_NONBLOCK)
+if q < 0:
+    print('no queue')
+else:
+    buf = ctypes.create_string_buffer(64)
+    n = rt.mq_receive(q, buf, 64, None)
+    print(buf.raw[:max(n, 0)].decode())
+"""
+    later = execute(sandbox, receive)
+    assert later.stdout == "no queue\n", later
+
+
 # ------------------------------------------------------------------------------------- session threads (17.4)
 
 
@@ -701,7 +730,8 @@ def test_the_timeout_counts_from_the_start_and_the_wait_is_reported_apart(sandbo
 
 @pytest.fixture(scope="module")
 def default_sandbox() -> Iterator[LocalSandbox]:
-    box = LocalSandbox(timeout_s=5.0)  # default concurrency: many more calls than cores
+    isolation = os.environ.get("RSTAR_TEST_SANDBOX_ISOLATION", "auto")
+    box = LocalSandbox(timeout_s=5.0, isolation=isolation)  # default concurrency: many more calls than cores
     try:
         box.start()
     except SandboxError as exc:
