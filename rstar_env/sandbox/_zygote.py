@@ -511,8 +511,8 @@ class Zygote:
                 self.selector.unregister(worker.link)
                 worker.link.close()
                 worker.link = None
-            if worker.call is None and not clean_exit:
-                self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again
+        if worker.call is None and not clean_exit:
+            self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again
         del self.workers[pid]
         self.idle.discard(pid)
         if worker.call is not None:
