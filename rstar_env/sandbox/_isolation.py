@@ -53,6 +53,8 @@ ETC_FILES = (
     "/etc/mime.types",
 )
 """What sandboxed code sees of ``/etc``: what the loader, libc and the standard library read. Not shadow."""
+NETWORK_ETC_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates", "/etc/gai.conf")
+"""Added with ``network=True``: name resolution and TLS certificates."""
 
 
 @dataclass(frozen=True)
@@ -123,13 +125,14 @@ def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ..
             prefix += ["--symlink", os.readlink(path), path]  # merged /usr: /lib -> usr/lib
         elif os.path.isdir(path):
             prefix += ["--ro-bind", path, path]
-    for path in ETC_FILES:
+    # bwrap makes missing parents mode 0700; any uid must traverse them (no capability needed to read or import).
+    prefix += ["--perms", "0755", "--dir", "/etc", "--perms", "0755", "--dir", os.path.dirname(PACKAGE_MOUNT)]
+    for path in ETC_FILES + (NETWORK_ETC_FILES if network else ()):
         prefix += ["--ro-bind-try", path, path]
-    made: set[str] = set()
+    made: set[str] = {"/etc", os.path.dirname(PACKAGE_MOUNT)}
     for path in interpreter_paths:
         if any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
             continue
-        # bwrap makes missing parents mode 0700; any uid must traverse them (no capability needed to import).
         parents = []
         parent = os.path.dirname(path)
         while parent not in ("/", "") and parent not in made:
