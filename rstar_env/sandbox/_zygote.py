@@ -456,10 +456,10 @@ class Zygote:
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
         try:
-            threads = len(os.listdir(f"/proc/{pid}/task"))
+            threads = len(os.listdir(f"/proc/{pid}/task")) if worker.session else 1
         except OSError:
             return  # it died meanwhile: reaped soon
-        if threads > 1 and worker.session:
+        if threads > 1:
             self.end(pid, "threads")  # they would write into, and run during, later calls
             return
         if _proctree.state(pid) not in ("T", "t"):
