@@ -104,6 +104,8 @@ def visible_paths(python: str | None = None) -> tuple[str, ...]:
         if not path or not os.path.isabs(path) or not os.path.exists(path):
             continue
         path = os.path.normpath(path)
+        if path == os.sep:
+            continue  # binding the root would show the whole host
         if os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in ("pyproject.toml", ".git")):
             continue
         if any(path == kept or path.startswith(kept + os.sep) for kept in found):
