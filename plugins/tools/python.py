@@ -136,7 +136,7 @@ class PythonTool:
             text=self.render(result),
             error=_ERROR_KINDS[result.status],
             duration_s=result.duration_s,
-            metadata={"status": result.status},
+            metadata={"status": result.status, "queue_s": result.queue_s},  # time waiting before it ran
         )
 
     def render(self, result: ExecResult) -> str:

@@ -10,6 +10,15 @@ Each (backend, workload, concurrency) cell runs ``--calls`` ops or until ``--bud
 comes first (the baseline is slow), after a warm-up. Latency is per op as the caller sees it (queueing
 included); ops/s is ops over wall time. Ratios compare every backend with ``subprocess``.
 
+Head-of-line scenarios (each backend at its *default* settings, median of ``--repeats`` runs):
+
+* **sleep**: 16 concurrent calls of ``time.sleep(0.5)``: seconds until all are done;
+* **mixed**: 2 calls of ``while True: pass`` (timeout 5 s), then 14 ``print`` calls: seconds until every print
+  is done (the spinners are waited for, outside the figure, before the next run);
+* **sessions**: 16 stateful sessions, each one call of ``time.sleep(0.5)``: seconds until all are done;
+* **vector**: one ``step`` of a 16-episode vector env whose every action calls the ``python`` tool with
+  ``time.sleep(0.5)``: seconds for the step.
+
 ``--soak N`` then runs N mixed calls on a fresh ``local`` pool and reports what leaked: processes below this
 one beyond the pool's own, file descriptors of this process, and the pool's memory (PSS of the zygote and its
 idle workers) before and after.
@@ -72,6 +81,108 @@ WORKLOADS: dict[str, Workload] = {
         Workload("session", "stateful: 2 calls + close", _session),
     )
 }
+
+SLEEP_CODE = "import time\ntime.sleep(0.5)"
+
+
+async def _warm(box: Sandbox) -> None:
+    """One call, then (for the local pool) wait until every spare is forked: a pool in steady use."""
+    await box.execute("1")
+    pool = getattr(box, "pool", None)
+    if pool is not None:
+        await asyncio.to_thread(_settle, box, pool.resting_size(), 10.0)
+
+
+async def _sleep_scenario(backend: str) -> tuple[float, bool]:
+    async with create_sandbox(backend, timeout_s=5.0) as box:
+        await _warm(box)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(box.execute(SLEEP_CODE) for _ in range(16)))
+        return time.perf_counter() - start, all(r.ok for r in results)
+
+
+async def _mixed_scenario(backend: str) -> tuple[float, bool]:
+    async with create_sandbox(backend, timeout_s=5.0) as box:
+        await _warm(box)
+        start = time.perf_counter()
+        spinners = [asyncio.ensure_future(box.execute("while True:\n    pass")) for _ in range(2)]
+        await asyncio.sleep(0.05)  # the spinners take their workers first
+
+        async def printed(i: int) -> tuple[bool, float]:
+            result = await box.execute(f"print({i})")
+            return result.stdout == f"{i}\n", time.perf_counter() - start
+
+        done = await asyncio.gather(*(printed(i) for i in range(14)))
+        spun = await asyncio.gather(*spinners)
+        return max(t for _, t in done), all(ok for ok, _ in done) and all(r.status == "timeout" for r in spun)
+
+
+async def _sessions_scenario(backend: str) -> tuple[float, bool]:
+    async with create_sandbox(backend, timeout_s=5.0) as box:
+        await _warm(box)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(box.execute(SLEEP_CODE, session=f"s{i}") for i in range(16)))
+        elapsed = time.perf_counter() - start
+        await asyncio.gather(*(box.close_session(f"s{i}") for i in range(16)))
+        return elapsed, all(r.ok for r in results)
+
+
+async def _vector_scenario(backend: str) -> tuple[float, bool]:
+    import gymnasium
+
+    import rstar_env  # noqa: F401  (registers the env ids)
+    from rstar_env.testing import python_call
+
+    tools = [{"name": "python", "options": {"backend": backend, "timeout_s": 5.0}}]
+    rows = [{"problem": f"p{i}", "answer": str(i)} for i in range(16)]
+    envs = gymnasium.make_vec(
+        "rstar_env/MathTool-v0", num_envs=16, vectorization_mode="vector_entry_point", tools=tools, max_turns=4
+    )
+    vec = envs.unwrapped
+    try:
+        await vec.areset(options={"rows": rows})
+        await vec.astep([python_call("1")] * 16)  # starts the sandbox
+        start = time.perf_counter()
+        obs, *_ = await vec.astep([python_call(SLEEP_CODE)] * 16)
+        elapsed = time.perf_counter() - start
+        return elapsed, all("rror" not in o and "timed out" not in o for o in obs)
+    finally:
+        await asyncio.to_thread(envs.close)
+
+
+SCENARIOS: dict[str, tuple[str, Callable[[str], Awaitable[tuple[float, bool]]]]] = {
+    "sleep": ("16 x time.sleep(0.5), all done (s)", _sleep_scenario),
+    "mixed": ("2 x while True + 14 x print, every print done (s)", _mixed_scenario),
+    "sessions": ("16 sessions x time.sleep(0.5), all done (s)", _sessions_scenario),
+    "vector": ("vector-env step, 16 python sleeps (s)", _vector_scenario),
+}
+
+
+async def run_scenarios(
+    backends: list[str], names: list[str], repeats: int, progress: Callable[[str], None] = lambda _: None
+) -> list[dict[str, Any]]:
+    """Each scenario on each backend at its default settings: the median of ``repeats`` runs, in seconds."""
+    rows = []
+    for name in names:
+        description, scenario = SCENARIOS[name]
+        for backend in backends:
+            progress(f"{backend} {name}")
+            times, ok = [], True
+            for _ in range(repeats):
+                elapsed, right = await scenario(backend)
+                times.append(elapsed)
+                ok = ok and right
+            rows.append(
+                {
+                    "backend": backend,
+                    "scenario": name,
+                    "description": description,
+                    "median_s": statistics.median(times),
+                    "runs_s": times,
+                    "ok": ok,
+                }
+            )
+    return rows
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -295,6 +406,14 @@ def _print_tables(results: dict[str, Any]) -> None:
                 f"{ratio['throughput_ratio']:.1f}x",
             )
         console.print(table)
+    if results.get("scenarios"):
+        table = Table(title="head-of-line scenarios (default settings; median of runs)")
+        for column in ("backend", "scenario", "seconds", "runs", "ok"):
+            table.add_column(column, justify="left" if column in ("backend", "scenario") else "right")
+        for row in results["scenarios"]:
+            runs = " ".join(f"{t:.2f}" for t in row["runs_s"])
+            table.add_row(row["backend"], row["description"], f"{row['median_s']:.2f}", runs, str(row["ok"]))
+        console.print(table)
     soaked = results.get("soak")
     if soaked:
         table = Table(title=f"soak: {soaked['calls']} calls on local at concurrency {soaked['concurrency']}")
@@ -329,10 +448,13 @@ def _print_tables(results: dict[str, Any]) -> None:
     "--workload",
     "workloads",
     multiple=True,
-    type=click.Choice(sorted(WORKLOADS)),
-    default=tuple(WORKLOADS),
+    type=click.Choice([*WORKLOADS, *SCENARIOS]),
+    default=(*WORKLOADS, *SCENARIOS),
     show_default=True,
-    help="Workloads (repeatable).",
+    help="Workloads (repeatable): latency/throughput cells, or head-of-line scenarios (sleep, mixed, ...).",
+)
+@click.option(
+    "--repeats", default=3, show_default=True, help="Runs per head-of-line scenario (median reported); 0 skips them."
 )
 @click.option(
     "--concurrency",
@@ -351,6 +473,7 @@ def command(
     concurrencies: tuple[int, ...],
     soak_calls: int,
     as_json: bool,
+    repeats: int,
 ) -> None:
     """Latency and throughput of the local sandbox pool against a fresh interpreter per call."""
     unknown = sorted(set(backends) - set(BACKENDS))
@@ -361,8 +484,12 @@ def command(
 
     async def everything() -> dict[str, Any]:
         results: dict[str, Any] = {}
-        if calls > 0 and backends and workloads:
-            results = await run_bench(list(backends), list(workloads), levels, calls, budget_s, progress)
+        cells = [w for w in workloads if w in WORKLOADS]
+        scenarios = [w for w in workloads if w in SCENARIOS]
+        if calls > 0 and backends and cells:
+            results = await run_bench(list(backends), cells, levels, calls, budget_s, progress)
+        if scenarios and backends and repeats > 0:
+            results["scenarios"] = await run_scenarios(list(backends), scenarios, repeats, progress)
         if soak_calls > 0:
             results["soak"] = await soak(soak_calls, 4 * (os.cpu_count() or 1), progress)
         return results

@@ -33,6 +33,9 @@ class ExecResult:
     status: ExecStatus
     error: str | None = None
     duration_s: float = field(default=0.0, compare=False)
+    """Run time: from when a worker took the call (the timeout counts from there) to its end."""
+    queue_s: float = field(default=0.0, compare=False)
+    """Time the call waited before it started running (for a free slot, its session's turn, a worker)."""
 
     def __post_init__(self) -> None:
         if self.status not in EXEC_STATUSES:
@@ -49,6 +52,7 @@ class ExecResult:
             "status": self.status,
             "error": self.error,
             "duration_s": self.duration_s,
+            "queue_s": self.queue_s,
         }
 
 

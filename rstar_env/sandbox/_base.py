@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import os
 import threading
 import time
@@ -106,12 +107,13 @@ class ThreadedSandbox(abc.ABC):
         Raises :class:`SandboxError` if the sandbox is closed or its backend cannot start.
         """
         loop = asyncio.get_running_loop()
+        submitted = time.monotonic()
         if session is None:
-            return await loop.run_in_executor(self._pool(), self._execute, code, stdin, None, timeout_s)
+            return await loop.run_in_executor(self._pool(), self._execute, code, stdin, None, timeout_s, submitted)
         with self._lock:  # a session's tickets must be handed out in the order the calls are queued
             executor = self._pool_locked()
             ticket = self._ticket(session)
-            future = loop.run_in_executor(executor, self._execute, code, stdin, ticket, timeout_s)
+            future = loop.run_in_executor(executor, self._execute, code, stdin, ticket, timeout_s, submitted)
         # Shielded: a queued session call must run (or fail) to pass the turn on, even if its caller gives up.
         return await asyncio.shield(future)
 
@@ -147,12 +149,18 @@ class ThreadedSandbox(abc.ABC):
         self, code: str, stdin: str = "", session: str | None = None, timeout_s: float | None = None
     ) -> ExecResult:
         """Blocking :meth:`execute` (for threads; do not call it on an event loop)."""
+        submitted = time.monotonic()
         with self._lock:
             ticket = self._ticket(session) if session is not None else None
-        return self._execute(code, stdin, ticket, timeout_s)
+        return self._execute(code, stdin, ticket, timeout_s, submitted)
 
     def _execute(
-        self, code: str, stdin: str, ticket: tuple[_Session, int] | None, timeout_s: float | None
+        self,
+        code: str,
+        stdin: str,
+        ticket: tuple[_Session, int] | None,
+        timeout_s: float | None,
+        submitted: float,
     ) -> ExecResult:
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         limits: dict[str, Any] = {
@@ -164,14 +172,14 @@ class ThreadedSandbox(abc.ABC):
             self._check_open()
             if timeout <= 0:
                 raise ValueError("timeout_s must be positive")
-            return self._run_once(code, stdin, limits)
+            return self._run_once(code, stdin, limits, submitted)
         state, number = ticket
         state.wait_turn(number)
         try:
             self._check_open()
             if timeout <= 0:
                 raise ValueError("timeout_s must be positive")
-            return self._run_in_session(state, code, stdin, limits)
+            return self._run_in_session(state, code, stdin, limits, submitted)
         finally:
             if self._closed and state.worker is not None:  # close() left this worker to its current user
                 worker, state.worker = state.worker, None
@@ -245,7 +253,7 @@ class ThreadedSandbox(abc.ABC):
         state = self._sessions.setdefault(name, _Session())
         return state, state.take_ticket()
 
-    def _run_once(self, code: str, stdin: str, limits: dict[str, Any]) -> ExecResult:
+    def _run_once(self, code: str, stdin: str, limits: dict[str, Any], submitted: float) -> ExecResult:
         for attempt in range(2):
             worker = self._spawn(session=False)
             try:
@@ -255,14 +263,17 @@ class ThreadedSandbox(abc.ABC):
             # A worker that never started (its pool died under the request) ran nothing: retry once.
             if outcome.result.status == "crashed" and not worker.started and attempt == 0:
                 continue
-            return outcome.result
+            return _queued(outcome, submitted)
         raise AssertionError("unreachable")
 
-    def _run_in_session(self, state: _Session, code: str, stdin: str, limits: dict[str, Any]) -> ExecResult:
+    def _run_in_session(
+        self, state: _Session, code: str, stdin: str, limits: dict[str, Any], submitted: float
+    ) -> ExecResult:
         if state.worker is not None and state.worker.is_dead():
             state.worker.close()
             state.worker = None
-            return ExecResult("", "", "crashed", "the session's interpreter died between calls; its state is lost")
+            lost = "the session's interpreter died between calls; its state is lost"
+            return ExecResult("", "", "crashed", lost, queue_s=time.monotonic() - submitted)
         for attempt in range(2):
             if state.worker is None:
                 state.worker = self._spawn(session=True)
@@ -273,5 +284,9 @@ class ThreadedSandbox(abc.ABC):
                 state.worker = None
                 if outcome.result.status == "crashed" and not worker.started and attempt == 0:
                     continue  # the pool died before the worker existed: nothing ran, so run it again
-            return outcome.result
+            return _queued(outcome, submitted)
         raise AssertionError("unreachable")
+
+
+def _queued(outcome: _client.CallOutcome, submitted: float) -> ExecResult:
+    return dataclasses.replace(outcome.result, queue_s=max(0.0, outcome.started_at - submitted))

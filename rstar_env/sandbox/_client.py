@@ -22,6 +22,15 @@ DEATH_GRACE_S = 2.0
 """After a kill, how long to wait for the worker's death to be confirmed before reporting anyway."""
 DRAIN_GRACE_S = 0.5
 """After the worker is done, how long to wait for its output pipes to reach end-of-file."""
+START_WAIT_S = 60.0
+"""How long a call may wait for a worker to take it (a burst of calls waits for forks); its timeout starts after."""
+MAX_REPLY_BYTES = 1 << 16
+"""Largest message the caller reads from a worker's channel. Replies are a status and a one-line error (output
+travels on the pipes, under ``max_output_bytes``); anything longer fails the call before it is buffered."""
+THREADS_LEFT = (
+    "threads started by this code were still running when it ended, so the session was ended and its state "
+    "(variables, imports) is lost; join every thread you start before the code ends"
+)
 _READ_CHUNK = 1 << 16
 
 
@@ -63,6 +72,8 @@ class CallOutcome:
     result: ExecResult
     worker_alive: bool
     """False when the call ended the worker (killed on a limit, crashed): a session must start over."""
+    started_at: float
+    """``time.monotonic()`` when a worker took the call: its timeout and ``duration_s`` count from here."""
 
 
 class _Output:
@@ -114,9 +125,12 @@ class _Output:
 def run_call(
     worker: Worker, *, code: str, stdin: str, timeout_s: float, cpu_s: float, max_output_bytes: int
 ) -> CallOutcome:
-    """Run one cell on ``worker`` and return its outcome; never raises for anything the cell does."""
+    """Run one cell on ``worker`` and return its outcome; never raises for anything the cell does.
+
+    The timeout counts from when a worker takes the call (``started``), not from the request: a call that waits
+    for a fork in a burst does not lose its time.
+    """
     start = time.monotonic()
-    deadline = start + timeout_s
     token = os.urandom(8).hex()
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -134,20 +148,39 @@ def run_call(
         finally:
             os.close(out_w)
             os.close(err_w)
-        reply, exit_message, dead, stop = _wait(worker, output, token, deadline, sent)
+        clock = _Clock(start if worker.started else None, timeout_s)
+        reply, exit_message, dead, stop = _wait(worker, output, token, clock, sent)
         if stop is not None:
             worker.kill()
             exit_message, dead = await_death(worker, time.monotonic() + DEATH_GRACE_S)
         output.drain(time.monotonic() + DRAIN_GRACE_S)
-        result = _result(worker, output, out_r, err_r, reply, exit_message, dead, stop, timeout_s, start)
-        return CallOutcome(result, worker_alive=not dead and stop is None)
+        run_start = clock.started if clock.started is not None else time.monotonic()
+        result = _result(worker, output, out_r, err_r, reply, exit_message, dead, stop, timeout_s, run_start)
+        return CallOutcome(result, worker_alive=not dead and stop is None, started_at=run_start)
     finally:
         os.close(out_r)
         os.close(err_r)
 
 
+class _Clock:
+    """A call's deadline: ``START_WAIT_S`` for a worker to take it, then ``timeout_s`` from that moment."""
+
+    def __init__(self, started: float | None, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.started = started
+        self.start_by = time.monotonic() + START_WAIT_S
+
+    def begin(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+
+    @property
+    def deadline(self) -> float:
+        return self.start_by if self.started is None else self.started + self.timeout_s
+
+
 def _wait(
-    worker: Worker, output: _Output, token: str, deadline: float, sent: bool
+    worker: Worker, output: _Output, token: str, clock: _Clock, sent: bool
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool, str | None]:
     """Until a result, the worker's death, or a reason to stop it: ``(reply, exit_message, dead, stop)``."""
     chan_fd = worker.chan.fileno()
@@ -156,9 +189,9 @@ def _wait(
     for fd in output.open:
         poller.register(fd, select.POLLIN)
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = clock.deadline - time.monotonic()
         if remaining <= 0:
-            return None, None, False, "timeout"
+            return None, None, False, "timeout" if clock.started is not None else "no_worker"
         for fd, _events in poller.poll(remaining * 1000):
             if fd != chan_fd:
                 output.read(fd)
@@ -168,8 +201,8 @@ def _wait(
                     return None, None, False, "output_limit"
                 continue
             try:
-                worker.chan.settimeout(max(0.05, deadline - time.monotonic()))
-                received = _protocol.recv_message(worker.chan)
+                worker.chan.settimeout(max(0.05, clock.deadline - time.monotonic()))
+                received = _protocol.recv_message(worker.chan, MAX_REPLY_BYTES)
             except (TimeoutError, _protocol.ProtocolError):
                 return None, None, False, "protocol"
             except OSError:
@@ -187,6 +220,8 @@ def _wait(
             if op == "result":
                 return None, None, False, "protocol"  # a result we did not ask for: forged by the cell
             worker.note(message)
+            if worker.started:
+                clock.begin()
 
 
 def await_death(worker: Worker, deadline: float) -> tuple[dict[str, Any] | None, bool]:
@@ -197,7 +232,7 @@ def await_death(worker: Worker, deadline: float) -> tuple[dict[str, Any] | None,
             return None, False
         try:
             worker.chan.settimeout(remaining)
-            received = _protocol.recv_message(worker.chan)
+            received = _protocol.recv_message(worker.chan, MAX_REPLY_BYTES)
         except (TimeoutError, _protocol.ProtocolError, OSError):
             # Garbage the cell left on the channel: skip it by waiting for the end of stream instead.
             with contextlib.suppress(OSError):
@@ -231,13 +266,23 @@ def _result(
     duration = time.monotonic() - start
     status: str
     error: str | None
+    reason = (exit_message or {}).get("reason") if reply is None else None
+    if reply is None and exit_message is not None and reason is None and worker.returncode(exit_message) == 0:
+        reply = exit_message.get("result")  # a one-call worker that reported, then exited with all it started
     if stop == "timeout":
         status, error = "timeout", f"timed out after {timeout_s:g} s"
+    elif stop == "no_worker":
+        status, error = "crashed", f"no sandbox worker took the call within {START_WAIT_S:g} s"
     elif stop == "output_limit" or (reply is not None and output.over):
         status, error = "output_limit", f"output exceeded {output.limit} bytes"
-    elif stop == "protocol":
+    elif stop == "protocol" or reason == "tamper":
         status, error = "crashed", "the code tampered with the sandbox channel"
-    elif reply is not None and reply.get("status") in ("ok", "error"):
+    elif reason == "cpu":
+        status, error = "crashed", "CPU time limit exceeded (counting every process the code started)"
+    elif reason == "threads":
+        status, error = "error", THREADS_LEFT
+        stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + THREADS_LEFT + "\n"
+    elif isinstance(reply, dict) and reply.get("status") in ("ok", "error"):
         status = reply["status"]
         error = reply.get("error") if status == "error" else None
         error = str(error) if error is not None else ("error" if status == "error" else None)

@@ -2,23 +2,32 @@
 
 Preference order for ``isolation="auto"``:
 
-1. **bubblewrap** (``bwrap``): new PID, network (unless ``network=True``), IPC and UTS namespaces; the host root
-   bound read-only, fresh ``/proc`` and ``/dev``, only the pool's own directory writable; the zygote is PID 1.
-2. **unshare** (util-linux): new PID and network namespaces with a fresh ``/proc`` (the zygote is PID 1), but
-   the host filesystem as the pool's user sees it.
+1. **bubblewrap** (``bwrap``): new PID, network (unless ``network=True``), IPC, UTS and mount namespaces. The
+   filesystem is built from an allowlist (:func:`visible_paths`): the system directories (``/usr``, ``/lib*``,
+   ``/bin``, ``/sbin``), a few files of ``/etc`` the loader and libc read, and the interpreter's prefixes and
+   import paths, all read-only at their own paths; a minimal ``/dev``, a fresh ``/proc``, an empty ``/tmp``, and
+   the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the interpreter), project checkout
+   or ``/etc/shadow``. The zygote is PID 1.
+2. **unshare** (util-linux): new PID, IPC, mount and network namespaces with a fresh ``/proc`` (the zygote is
+   PID 1), but the host filesystem as the worker's uid sees it, except that a private directory holding the
+   interpreter (``/root``) is covered, with only the interpreter bound back (:func:`._limits.expose_interpreter`).
 3. **none**: the zygote is a plain subreaper process.
 
-Isolation wraps the zygote once (one namespace for the pool), never each call: per-call namespaces would cost
-milliseconds per call. Whatever cannot be had is named in a single warning.
+On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC namespace and its own
+empty ``/tmp``, ``/dev/shm`` and ``/proc`` view, set up in the spare before it takes a call
+(:func:`._limits.private_namespaces`), so they cost nothing on a call's latency. Whatever cannot be had is named
+in a single warning.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -26,8 +35,26 @@ from dataclasses import dataclass
 logger = logging.getLogger("rstar_env.sandbox")
 
 ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
-SHM_BYTES = 256 << 20
-"""Size of the pool's own ``/dev/shm`` under bubblewrap."""
+SHM_BYTES = 64 << 20
+"""Size of the pool's own ``/dev/shm`` under bubblewrap (each worker mounts its own over it)."""
+PACKAGE_MOUNT = "/run/rstar-sandbox"
+"""Where the sandbox's own modules are bound under bubblewrap (not at their path: that is the project checkout)."""
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/alternatives",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/mime.types",
+)
+"""What sandboxed code sees of ``/etc``: what the loader, libc and the standard library read. Not shadow."""
+NETWORK_ETC_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates", "/etc/gai.conf")
+"""Added with ``network=True``: name resolution and TLS certificates."""
 
 
 @dataclass(frozen=True)
@@ -43,28 +70,89 @@ class Isolation:
     missing: tuple[str, ...] = ()
     """Human-readable gaps, e.g. "read-only filesystem (bubblewrap is not installed)"."""
 
-    def command(self, writable: str) -> list[str]:
+    def command(self, writable: str, python: str | None = None) -> list[str]:
         """The wrapper's command-line prefix; ``writable`` is the one host directory the pool may write."""
         if self.kind == "bwrap":
-            return _bwrap_prefix(self.network, writable)
+            return _bwrap_prefix(self.network, writable, visible_paths(python))
         if self.kind == "unshare":
             return _unshare_prefix(self.network)
         return []
 
+    def package_dir(self, host_dir: str) -> str:
+        """Where the zygote finds the sandbox's modules (``host_dir`` on the host)."""
+        return PACKAGE_MOUNT if self.kind == "bwrap" else host_dir
 
-def _bwrap_prefix(network: bool, writable: str) -> list[str]:
+
+@functools.cache
+def visible_paths(python: str | None = None) -> tuple[str, ...]:
+    """The interpreter's prefixes and import paths that exist, minus project checkouts (an editable install
+    puts one on ``sys.path``; sandboxed code has no business reading it). Asks ``python`` itself when given."""
+    if python is None:
+        candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]
+    else:
+        query = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]))"
+        try:
+            done = subprocess.run([python, "-c", query], capture_output=True, text=True, timeout=60, check=True)
+            candidates = json.loads(done.stdout)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            from . import SandboxError
+
+            raise SandboxError(f"cannot ask {python} for its import paths: {exc}") from exc
+        candidates.append(os.path.dirname(os.path.realpath(python)))
+    found: list[str] = []
+    for path in candidates:
+        if not path or not os.path.isabs(path) or not os.path.exists(path):
+            continue
+        path = os.path.normpath(path)
+        if path == os.sep:
+            continue  # binding the root would show the whole host
+        if os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in ("pyproject.toml", ".git")):
+            continue
+        if any(path == kept or path.startswith(kept + os.sep) for kept in found):
+            continue
+        found = [kept for kept in found if not kept.startswith(path + os.sep)] + [path]
+    return tuple(found)
+
+
+def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ...] = ()) -> list[str]:
+    from ._spawn import PACKAGE_DIR
+
     prefix = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--as-pid-1"]
     prefix += ["--unshare-ipc", "--unshare-uts"]
     if not network:
         prefix.append("--unshare-net")
-    prefix += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--bind", writable, writable]
-    # A small shared-memory tmpfs, for multiprocessing's semaphores; the zygote empties a worker's files there.
+    # The new root is an empty tmpfs: only what is bound below exists.
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            prefix += ["--symlink", os.readlink(path), path]  # merged /usr: /lib -> usr/lib
+        elif os.path.isdir(path):
+            prefix += ["--ro-bind", path, path]
+    # bwrap makes missing parents mode 0700; any uid must traverse them (no capability needed to read or import).
+    prefix += ["--perms", "0755", "--dir", "/etc", "--perms", "0755", "--dir", os.path.dirname(PACKAGE_MOUNT)]
+    for path in ETC_FILES + (NETWORK_ETC_FILES if network else ()):
+        prefix += ["--ro-bind-try", path, path]
+    made: set[str] = {"/etc", os.path.dirname(PACKAGE_MOUNT)}
+    for path in interpreter_paths:
+        if any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
+            continue
+        parents = []
+        parent = os.path.dirname(path)
+        while parent not in ("/", "") and parent not in made:
+            parents.append(parent)
+            parent = os.path.dirname(parent)
+        for directory in reversed(parents):
+            prefix += ["--perms", "0755", "--dir", directory]
+            made.add(directory)
+        prefix += ["--ro-bind", path, path]
+    prefix += ["--ro-bind", PACKAGE_DIR, PACKAGE_MOUNT]
+    prefix += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", writable, writable]
+    # A small shared-memory tmpfs, for multiprocessing's semaphores; each worker mounts its own over it.
     prefix += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
     return [*prefix, "--"]
 
 
 def _unshare_prefix(network: bool) -> list[str]:
-    prefix = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    prefix = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--mount"]
     if not network:
         prefix.append("--net")
     if os.geteuid() != 0:
@@ -107,13 +195,18 @@ def choose_isolation(mode: str, *, network: bool) -> Isolation:
     if mode in ("auto", "unshare"):
         why = _works("unshare", network)
         if why is None:
-            missing = (f"read-only filesystem ({reasons[0]}; install the `bubblewrap` package)",) if reasons else ()
+            why_not = f"{reasons[0]}; install the `bubblewrap` package" if reasons else "isolation='unshare'"
+            missing = (
+                f"a filesystem built from an allowlist: sandboxed code can read every world-readable host file "
+                f"(/home, the project checkout); its /tmp and /dev/shm are its own, and private directories that "
+                f"hold the interpreter (such as /root) show only the interpreter ({why_not})",
+            )
             return Isolation("unshare", network, True, False, missing)
         if mode == "unshare":
             raise SandboxError(f"isolation='unshare' is unavailable: {why}")
         reasons.append(why)
     cause = "; ".join(reasons) or "isolation='none' was asked for"
-    missing = ("PID namespace", "read-only filesystem")
+    missing = ("PID namespace", "a filesystem built from an allowlist (code can read every host file its uid may)")
     if not network:
         missing = ("network namespace (sandboxed code can reach the network)", *missing)
     return Isolation("none", True, False, False, tuple(f"{m} ({cause})" for m in missing))

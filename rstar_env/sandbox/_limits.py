@@ -36,6 +36,8 @@ class Limits:
     max_processes: int | None = 64
     max_files: int | None = 256
     max_file_mb: int | None = 64
+    tmp_mb: int = 256
+    """Size of the worker's private ``/tmp`` (and working directory) and of its ``/dev/shm``: memory-backed."""
 
     def apply(self) -> None:
         """Set the limits on the calling process (soft = hard, so user code cannot raise them back)."""
@@ -88,35 +90,78 @@ class _CapData(ctypes.Structure):
     _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32))
 
 
-def drop_privileges(uid: int) -> None:
-    """Become ``uid`` (and gid ``uid``, no supplementary groups), keeping only CAP_DAC_READ_SEARCH.
+def drop_privileges(uid: int | None, *, keep_read_search: bool = False) -> None:
+    """Drop every capability (and become ``uid``, gid ``uid``, no supplementary groups, when given); no_new_privs.
 
-    Used when the pool runs as root. The private uid makes RLIMIT_NPROC count this worker's processes only, keeps
-    the code from signalling the zygote or the caller, and denies writes to files it does not own. Read and search
-    access is kept (also across ``exec``, as an ambient capability) because interpreters commonly live under a
-    private home (``/root/.pyenv``) that an unknown uid could not even import from. ``no_new_privs`` stops set-uid
-    binaries from handing root back. Raises OSError where the process may not change uid.
+    A private uid (the pool runs as root) makes RLIMIT_NPROC count this worker's processes only, keeps the code
+    from signalling the zygote, the caller or other workers, and denies access to files it does not own.
+    ``keep_read_search`` keeps CAP_DAC_READ_SEARCH (also across ``exec``, as an ambient capability): only for the
+    fallbacks without bubblewrap where the interpreter lives under a private home (``/root/.pyenv``) that an
+    unknown uid could not import from; it lets the code read any file, so the pool's warning says so. Under
+    bubblewrap the interpreter is bound where any uid can read it, and nothing is kept. ``no_new_privs`` stops
+    set-uid binaries from handing root back. Raises OSError where the process may not change uid.
     """
     libc = _proctree._libc
-    last_cap = _last_cap()
-    for cap in range(last_cap + 1):  # needs CAP_SETPCAP, which the setuid below takes away
-        if cap != CAP_DAC_READ_SEARCH:
+    keep = (1 << CAP_DAC_READ_SEARCH) if keep_read_search else 0
+    for cap in range(_last_cap() + 1):  # needs CAP_SETPCAP, which the setuid below takes away
+        if not keep >> cap & 1:
             with contextlib.suppress(OSError):
                 _proctree.prctl(PR_CAPBSET_DROP, cap)
-    _proctree.prctl(_proctree.PR_SET_KEEPCAPS, 1)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    keep = 1 << CAP_DAC_READ_SEARCH
+    if uid is not None:
+        _proctree.prctl(_proctree.PR_SET_KEEPCAPS, 1)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)(_CapData(keep, keep, keep), _CapData(0, 0, 0))
     if libc.capset(ctypes.byref(header), data) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"capset: {os.strerror(errno)}")
-    _proctree.prctl(_proctree.PR_CAP_AMBIENT, _proctree.PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
+    with contextlib.suppress(OSError):
+        _proctree.prctl(_proctree.PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    if keep_read_search:
+        _proctree.prctl(_proctree.PR_CAP_AMBIENT, _proctree.PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
     _proctree.prctl(PR_SET_NO_NEW_PRIVS, 1)
     # A uid change leaves the process non-dumpable, which hides its own /proc/self/fd from it; restore the norm.
     _proctree.prctl(PR_SET_DUMPABLE, 1)
+
+
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    libc = _proctree._libc
+    args = [v.encode() if v is not None else None for v in (source, target, fstype)]
+    if libc.mount(*args, ctypes.c_ulong(flags), data.encode() if data is not None else None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {target}: {os.strerror(errno)}")
+
+
+def private_namespaces(tmp_mb: int) -> None:
+    """Give this process (and what it starts) its own IPC namespace and its own, empty ``/tmp``, ``/dev/shm``
+    and ``/proc`` view. Needs CAP_SYS_ADMIN; call before :func:`drop_privileges`. Raises OSError if it cannot.
+
+    Everything here dies with the last process of the worker: SysV segments, message queues and files in
+    ``/tmp`` or ``/dev/shm`` cannot outlive the call or reach another one. ``/proc`` is mounted with
+    ``hidepid=invisible``, so the code sees only processes of its own uid (its own, with a private uid).
+    """
+    libc = _proctree._libc
+    if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare: {os.strerror(errno)}")
+    _mount("none", "/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here propagates back to the pool
+    options = f"size={tmp_mb}m,mode=1777"
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    except OSError:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")  # kernels before 5.8
 
 
 def _last_cap() -> int:
@@ -130,3 +175,34 @@ def _last_cap() -> int:
 def can_drop_privileges() -> bool:
     """True when this process may change uid (root, or holding CAP_SETUID in its namespace)."""
     return os.geteuid() == 0
+
+
+def expose_interpreter(paths: list[str] | tuple[str, ...]) -> list[str]:
+    """In a mount namespace of our own: cover each private directory (one other users cannot enter, such as
+    ``/root``) that holds one of ``paths`` with an empty tmpfs, and bind just ``paths`` back, read-only.
+
+    Then workers need no capability to import from an interpreter under ``/root/.pyenv``, and see nothing else of
+    that home (``.gitconfig``, ``.npmrc``). For the ``unshare`` fallback; bubblewrap builds its own view. Returns
+    the directories covered. Raises OSError if it cannot.
+    """
+    _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+    covers: dict[str, list[str]] = {}
+    for path in paths:
+        parts = os.path.normpath(path).split(os.sep)[1:]
+        for depth in range(1, len(parts)):
+            ancestor = os.sep + os.path.join(*parts[:depth])
+            if not os.stat(ancestor).st_mode & 0o001:  # others may not enter it
+                covers.setdefault(ancestor, []).append(path)
+                break
+    for private, inside in covers.items():
+        handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
+        try:
+            _mount("tmpfs", private, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+            for path, fd in handles.items():
+                os.makedirs(path, 0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+                _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        finally:
+            for fd in handles.values():
+                os.close(fd)
+    return list(covers)

@@ -1,8 +1,9 @@
 """The caller's handle on the zygote: start it inside its namespaces, ask it for workers, heal it when it dies.
 
-Thread-safe: any number of sandbox threads call :meth:`ZygotePool.spawn` at once. Fork requests are small
-messages written under a lock on one control socket; each worker then talks to its caller directly over its own
-socket pair, so the zygote never carries user data.
+Thread-safe: any number of sandbox threads call :meth:`ZygotePool.spawn` at once. A call is one datagram on the
+dispatch socket carrying a fresh channel; the worker that takes it hands the channel to the zygote, which then
+forwards the call's requests and alone reports its end (see :mod:`._zygote`). Output never passes through the
+zygote: the worker writes it on pipes the caller reads.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ class ZygotePool:
                 _isolation.warn_once(
                     "rstar_env local sandbox: running without " + "; without ".join(self.isolation.missing)
                 )
-        prefix = self.isolation.command(writable=base_dir)
+        prefix = self.isolation.command(writable=base_dir, python=self.python)
         env = _spawn.clean_env(self.extra_env)
         ours, theirs = socket.socketpair()
         dispatch, dispatch_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -216,10 +217,15 @@ class ZygotePool:
             "uid_base": self._uid_base,
             "uid_count": UID_RANGE,
             "spares": self.spares,
+            # Without bubblewrap: hide private homes but for the interpreter in them, once in the unshare
+            # fallback's mount namespace, or in each worker's own one (isolation="none": the zygote has none).
+            "expose_paths": [] if self.isolation.kind == "bwrap" else list(_isolation.visible_paths(self.python)),
+            "expose_in": "zygote" if self.isolation.kind == "unshare" else "worker",
             # World-writable directories a worker can leave files in (only /dev/shm under a read-only root).
             "shared_dirs": ["/dev/shm"] if self.isolation.readonly_root else ["/dev/shm", "/tmp", "/var/tmp"],
         }
-        argv = [*prefix, *_spawn.python_argv("_zygote", "main", theirs.fileno(), config, self.python)]
+        package_dir = self.isolation.package_dir(_spawn.PACKAGE_DIR)
+        argv = [*prefix, *_spawn.python_argv("_zygote", "main", theirs.fileno(), config, self.python, package_dir)]
         # The zygote's own output goes to an unnamed file: read only to explain a failed start.
         with tempfile.TemporaryFile(prefix="rstar-zygote-", suffix=".log") as log:
             try:

@@ -80,6 +80,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def state(pid: int) -> str:
+    """The state letter of ``pid`` (``R``, ``S``, ``T``, ``Z``...), or ``""`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3].decode()
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:

@@ -19,8 +19,11 @@ from typing import Any
 
 MAX_FDS = 4
 """The most descriptors one message may carry."""
-MAX_MESSAGE_BYTES = 1 << 30
-"""Sanity bound on a frame: a corrupt length header must not make a reader allocate without limit."""
+MAX_MESSAGE_BYTES = 1 << 24
+"""Default bound on a frame: a corrupt or hostile length header must not make a reader allocate without limit.
+Readers that face less trusted peers pass a smaller ``max_bytes``."""
+MAX_DATAGRAM_BYTES = 1 << 16
+"""Default bound on a datagram; a longer one is an error, never a partial read."""
 
 _HEADER = struct.Struct(">I")
 
@@ -51,20 +54,21 @@ def send_message(
         sock.sendall(memoryview(frame)[sent:])
 
 
-def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+def recv_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[dict[str, Any], list[int]] | None:
     """Receive one message and the descriptors that came with it; None on a clean end of stream.
 
-    Raises :class:`ProtocolError` on a truncated or malformed frame, and whatever the socket raises on a timeout.
-    Received descriptors are the caller's to close.
+    Raises :class:`ProtocolError` on a truncated or malformed frame or one over ``max_bytes`` (checked on the
+    header, before anything is buffered), and whatever the socket raises on a timeout. Received descriptors are
+    the caller's to close.
     """
     fds: list[int] = []
     header = _recv_exact(sock, _HEADER.size, fds, allow_eof=True)
     if header is None:
         return None
     (size,) = _HEADER.unpack(header)
-    if size > MAX_MESSAGE_BYTES:
+    if size > max_bytes:
         _close_all(fds)
-        raise ProtocolError(f"frame of {size} bytes is over the limit")
+        raise ProtocolError(f"frame of {size} bytes is over the limit of {max_bytes} bytes")
     body = _recv_exact(sock, size, fds, allow_eof=False)
     try:
         message = json.loads(body) if body else None
@@ -111,16 +115,26 @@ def send_datagram(sock: socket.socket, message: dict[str, Any], fds: tuple[int, 
     sock.sendmsg([body], ancillary)
 
 
-def recv_datagram(sock: socket.socket, max_bytes: int = 1 << 16) -> tuple[dict[str, Any], list[int]] | None:
-    """Receive one :func:`send_datagram` message; None when every sender is gone."""
+def recv_datagram(
+    sock: socket.socket, max_bytes: int = MAX_DATAGRAM_BYTES, *, nowait: bool = False
+) -> tuple[dict[str, Any], list[int]] | None:
+    """Receive one :func:`send_datagram` message; None when every sender is gone.
+
+    A datagram longer than ``max_bytes`` is discarded and raises :class:`ProtocolError` (the kernel never hands
+    over more than ``max_bytes``). ``nowait`` raises BlockingIOError when nothing is queued.
+    """
     fd_space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-    data, ancillary, _flags, _addr = sock.recvmsg(max_bytes, fd_space)
+    flags = socket.MSG_DONTWAIT if nowait else 0
+    data, ancillary, msg_flags, _addr = sock.recvmsg(max_bytes, fd_space, flags)
     fds: list[int] = []
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             received = array.array("i")
             received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
             fds.extend(received)
+    if msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        _close_all(fds)
+        raise ProtocolError(f"datagram over the limit of {max_bytes} bytes (or {MAX_FDS} descriptors)")
     if not data:
         _close_all(fds)
         return None

@@ -51,7 +51,15 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def python_argv(module: str, function: str, fd: int, config: Mapping[str, Any], python: str | None = None) -> list[str]:
-    """``python -c`` command line that runs ``_rstar_sandbox.<module>.<function>(fd, config)``."""
-    boot = _BOOT.format(dir=PACKAGE_DIR, module=module, function=function)
+def python_argv(
+    module: str,
+    function: str,
+    fd: int,
+    config: Mapping[str, Any],
+    python: str | None = None,
+    package_dir: str = PACKAGE_DIR,
+) -> list[str]:
+    """``python -c`` command line that runs ``_rstar_sandbox.<module>.<function>(fd, config)``; ``package_dir`` is
+    where this directory is seen by the new interpreter (bubblewrap binds it elsewhere)."""
+    boot = _BOOT.format(dir=package_dir, module=module, function=function)
     return [python or sys.executable, "-c", boot, str(fd), json.dumps(config)]

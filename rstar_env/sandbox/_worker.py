@@ -1,15 +1,18 @@
 """The child side of every local sandbox: set up a worker process, then run cells sent over a private socket.
 
-Both backends run this same code: the ``local`` zygote calls :func:`prepare` and :func:`serve` in a fresh fork,
-the ``subprocess`` backend in a fresh interpreter (:func:`subprocess_main`). A cell runs like a notebook cell:
+Both backends run this same code: the ``local`` zygote calls :func:`prepare` and :func:`serve_supervised` in a
+fresh fork, the ``subprocess`` backend :func:`prepare` and :func:`serve` in a fresh interpreter
+(:func:`subprocess_main`). A cell runs like a notebook cell:
 the module body is executed and, when the last statement is a bare expression whose value is not None, its
 ``repr`` is printed (a trailing ``;`` suppresses that, as in Jupyter). An exception prints its traceback, without
 this module's frames, to stderr; the result carries a one-line summary such as ``"ZeroDivisionError: division by
 zero"``.
 
-The outcome travels over the worker's socket, never through stdout, so printing cannot forge it; each request
-carries a random token that the reply must echo. Stdout and stderr are per-call pipes read by the caller (which
-enforces the output limit); stdin is an in-memory file, so a large stdin never blocks.
+The outcome travels over a socket, never through stdout, so printing cannot forge it. Under the ``local`` pool
+that socket leads to the zygote, not the caller, and the zygote reports a call's end only once the worker has
+exited or stopped itself with nothing else of its left alive (see :mod:`._zygote`): code that writes a fake outcome
+on it gains nothing. Stdout and stderr are per-call pipes read by the caller (which enforces the output limit);
+stdin is an in-memory file, so a large stdin never blocks.
 
 Stdlib only, and free of ``rstar_env`` imports: it is loaded by path in processes that must not import the
 package (see :mod:`rstar_env.sandbox._spawn`).
@@ -21,8 +24,10 @@ import ast
 import builtins
 import contextlib
 import io
+import json
 import linecache
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -151,15 +156,30 @@ def _release_stdio() -> None:
 # ---------------------------------------------------------------------------------------------------- worker
 
 
-def prepare(workdir: str, env: dict[str, str], limits: _limits.Limits, uid: int | None) -> None:
+def prepare(
+    workdir: str,
+    env: dict[str, str],
+    limits: _limits.Limits,
+    uid: int | None,
+    *,
+    private_mounts: bool = False,
+    keep_read_search: bool = False,
+    expose_paths: list[str] | None = None,
+) -> None:
     """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
 
-    Makes it a subreaper (so daemons it starts stay in its tree), gives it its own session, a private working
-    directory, a clean environment and its limits, and finally its private uid when the pool runs as root.
+    Makes it a subreaper (so daemons it starts stay in its tree), gives it its own session, its own IPC namespace
+    and empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (``private_mounts``), a private working directory, a clean
+    environment and its limits, and finally drops every capability (and changes to its private uid, when the pool
+    runs as root). ``expose_paths``: see :func:`._limits.expose_interpreter` (``isolation="none"`` only).
     """
     _proctree.become_subreaper()
     with contextlib.suppress(OSError):
         os.setsid()
+    if private_mounts:
+        _limits.private_namespaces(limits.tmp_mb)
+        if expose_paths:
+            _limits.expose_interpreter(expose_paths)
     os.mkdir(workdir, 0o700)
     if uid is not None:
         os.chown(workdir, uid, uid)
@@ -170,8 +190,8 @@ def prepare(workdir: str, env: dict[str, str], limits: _limits.Limits, uid: int 
     if "tempfile" in sys.modules:  # it caches its directory on first use, possibly in the zygote
         sys.modules["tempfile"].tempdir = workdir
     limits.apply()
-    if uid is not None:
-        _limits.drop_privileges(uid)
+    if uid is not None or private_mounts:
+        _limits.drop_privileges(uid, keep_read_search=keep_read_search)
 
 
 def _fresh_main() -> dict[str, Any]:
@@ -192,8 +212,23 @@ def _reseed() -> None:
             numpy.random.seed(numpy.frombuffer(os.urandom(16), dtype=numpy.uint32))
 
 
+def _run_request(
+    request: dict[str, Any], out_fd: int, err_fd: int, namespace: dict[str, Any], cells: int, *, final: bool
+) -> tuple[str, str | None]:
+    """Run one ``exec`` request with its output pipes; everything the cell started is dead when this returns."""
+    _limits.set_cpu_budget(float(request.get("cpu_s", 10.0)), final=final)
+    _install_stdio(str(request.get("stdin", "")), out_fd, err_fd)
+    filename = "<cell>" if cells == 1 else f"<cell-{cells}>"
+    try:
+        status, error = run_cell(str(request.get("code", "")), namespace, filename)
+    finally:
+        _release_stdio()
+    _proctree.end_descendants()
+    return status, error
+
+
 def serve(chan_fd: int, *, once: bool) -> NoReturn:
-    """Answer ``exec`` requests on ``chan_fd`` until end of stream (or after one, with ``once``); then exit.
+    """``subprocess`` backend: answer ``exec`` requests on ``chan_fd`` until end of stream (or after one); exit.
 
     Request: ``{"op": "exec", "token", "code", "stdin", "cpu_s"}`` with the stdout and stderr pipes attached.
     Reply: ``{"op": "result", "token", "status", "error"}``, sent only after the call's own processes are gone.
@@ -216,14 +251,7 @@ def serve(chan_fd: int, *, once: bool) -> NoReturn:
             for fd in fds:
                 os.close(fd)
             continue
-        _limits.set_cpu_budget(float(request.get("cpu_s", 10.0)), final=once)
-        _install_stdio(str(request.get("stdin", "")), fds[0], fds[1])
-        filename = "<cell>" if cells == 1 else f"<cell-{cells}>"
-        try:
-            status, error = run_cell(str(request.get("code", "")), namespace, filename)
-        finally:
-            _release_stdio()
-        _proctree.end_descendants()
+        status, error = _run_request(request, fds[0], fds[1], namespace, cells, final=once)
         reply = {"op": "result", "token": request.get("token"), "status": status, "error": error}
         try:
             _protocol.send_message(chan, reply)
@@ -233,12 +261,55 @@ def serve(chan_fd: int, *, once: bool) -> NoReturn:
             os._exit(0)
 
 
+def serve_supervised(link_fd: int, *, once: bool) -> NoReturn:
+    """``local`` pool: run the ``exec`` requests the zygote forwards on ``link_fd`` (a ``SOCK_SEQPACKET`` socket).
+
+    Request: ``{"op": "exec", "cpu_s"}`` with a memfd holding ``{"code", "stdin"}`` and the two output pipes.
+    After each call the worker writes ``{"op": "done", "status", "error"}`` and stops itself with SIGSTOP: the
+    zygote trusts the report only once the worker is stopped (or dead), so a fake report written by the cell ends
+    nothing early. A one-call worker is then killed by the zygote (stopping rather than exiting keeps the teardown
+    of its namespaces off the call's latency); a session worker waits, stopped, for the next request.
+    """
+    link = socket.socket(fileno=link_fd)
+    namespace = _fresh_main()
+    _reseed()
+    cells = 0
+    while True:
+        try:
+            received = _protocol.recv_datagram(link)
+        except (OSError, _protocol.ProtocolError):
+            received = None
+        if received is None:
+            _proctree.end_descendants()
+            os._exit(0)
+        request, fds = received
+        if request.get("op") != "exec" or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            continue
+        with open(fds[0], "rb") as body:
+            request.update(json.loads(body.read()))
+        cells += 1
+        status, error = _run_request(request, fds[1], fds[2], namespace, cells, final=once)
+        try:
+            _protocol.send_datagram(link, {"op": "done", "status": status, "error": error})
+        except OSError:
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        if once:
+            os._exit(0)
+
+
 def subprocess_main(chan_fd: int, config: dict[str, Any]) -> NoReturn:
     """Entry point of a ``subprocess``-backend interpreter: prepare, then serve one call or one session."""
     try:
-        prepare(config["workdir"], config["env"], _limits.Limits(**config["limits"]), config.get("uid"))
+        # No namespaces here; the uid-less read capability keeps interpreters under a private home importable.
+        limits = _limits.Limits(**config["limits"])
+        prepare(config["workdir"], config["env"], limits, config.get("uid"), keep_read_search=True)
         _proctree.die_with_parent(int(config["parent"]))  # after prepare: a uid change clears the death signal
     except Exception as exc:  # report instead of dying silently; the caller turns it into a crashed result
         sys.stderr.write(f"sandbox worker setup failed: {exc!r}\n")
         os._exit(70)
+    with socket.socket(fileno=os.dup(chan_fd)) as chan:  # the call's timeout counts from here, not from exec
+        _protocol.send_message(chan, {"op": "started", "pid": os.getpid()})
     serve(chan_fd, once=not config.get("session", False))

@@ -1,20 +1,30 @@
-"""The fork server: a single-threaded interpreter that pre-imports the math stack and forks the workers.
+"""The fork server and supervisor: a single-threaded interpreter that pre-imports the math stack, forks the
+workers, and alone reports the end of every call.
 
 Started by :mod:`rstar_env.sandbox._pool` as a clean interpreter (never forked from the caller, whose threads
 would make ``fork`` unsafe), usually inside bubblewrap or ``unshare`` where it is PID 1 of its own PID namespace:
 then user code cannot signal it, and if it dies the kernel kills every process of the pool.
 
-The zygote keeps ``spares`` workers forked and prepared ahead of demand (own directory, limits, uid). Callers
-do not go through the zygote to get one: they write ``{"call": id, "session": bool}`` with a fresh channel socket
-attached to the shared *dispatch* socket (``SOCK_SEQPACKET``), and whichever spare is idle receives it. So a
-call's latency has no ``fork`` in it, and a busy zygote never delays a call. The worker then
+The zygote keeps ``spares`` workers forked and prepared ahead of demand (own IPC namespace and ``/tmp``, limits,
+uid, no capabilities), and forks more while calls wait for one. Callers write ``{"call": id, "session": bool}``
+with a fresh channel socket attached to the shared *dispatch* socket (``SOCK_SEQPACKET``); whichever spare is
+idle receives it, hands the channel to the zygote over its private *link* (``{"op": "assigned", "call"}``) and
+keeps no copy of it. From then on the channel joins the caller and the zygote only:
 
-* closes the dispatch socket (user code must not steal other calls),
-* tells the zygote ``{"op": "assigned", "call"}`` over its private link, attaching a copy of the channel,
-* writes ``{"op": "started"}`` on the channel and serves ``exec`` requests on it (see :mod:`._worker`).
+* caller -> zygote: ``{"op": "exec", "token", "code", "stdin", "cpu_s"}`` with the stdout and stderr pipes. The
+  zygote forwards it on the link (the code and stdin in a memfd) and continues the worker if it is stopped.
+* zygote -> caller: ``{"op": "started"}`` when a worker took the call; ``{"op": "result", "token", "status",
+  "error"}`` when a session call is over; ``{"op": "exit", "status", "token", "result", "reason"}`` when the worker
+  is gone (``result``: its report of the call, if it made one; ``reason``: why the zygote ended it, if it did).
 
-The zygote replaces the spare, and when the worker dies it kills any stray it left, removes its directory,
-writes ``{"op": "exit", "status"}`` (a ``waitpid`` status) on its copy of the channel and closes it.
+The worker runs the cell, kills what it started, reports ``{"op": "done", "status", "error"}`` on the link and
+stops itself with SIGSTOP. The zygote takes the report as the call's end only when the worker is stopped with no
+process left below it (it kills any) and, in a session, one thread; then it replies, and kills a one-call
+worker. Code that writes a fake report and goes on running gains nothing: the call ends at its deadline, and every
+process it started dies with it. A second report, an oversized or malformed one, a stopped worker that is running
+again, or threads still alive in a stopped session end the worker (``reason``). While a call runs, the zygote
+also adds up the CPU time of the worker's whole process tree and ends it past the call's ``cpu_s`` (RLIMIT_CPU
+counts each process on its own, and each child of a fork starts from zero).
 
 Control socket (caller -> zygote), framed by :mod:`._protocol`: ``{"op": "kill", "call": id}`` kills that
 worker's whole process tree now; end of stream kills everything and exits. The zygote writes one message on it,
@@ -28,6 +38,7 @@ import contextlib
 import gc
 import heapq
 import importlib
+import json
 import os
 import secrets
 import selectors
@@ -45,17 +56,37 @@ from . import _limits, _proctree, _protocol, _worker
 
 SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
+CPU_CHECK_S = 0.1
+"""How often the CPU time of running calls' process trees is added up (only for calls running this long)."""
+MAX_REQUEST_BYTES = 1 << 28
+"""Largest request a caller may send (code and stdin)."""
+MAX_REPORT_BYTES = 4096
+"""Largest report a worker may write on its link; the error summary is cut to 300 characters."""
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class _Worker:
     workdir: str
     uid: int | None
-    link: socket.socket | None = None
-    """Zygote's end of the worker's private link while it is a spare; None once it is assigned."""
+    link: socket.socket | None
+    """Zygote's end of the worker's private link (``SOCK_SEQPACKET``); None once the worker closed it."""
     call: int | None = None
-    chan: int | None = None
-    """Zygote's copy of the caller's channel (for the exit message); None while a spare."""
+    chan: socket.socket | None = None
+    """The caller's channel, handed over by the worker when it took a call; None while a spare."""
+    session: bool = False
+    token: Any = None
+    running: bool = False
+    """A request was forwarded and its end not reported yet."""
+    report: dict[str, Any] | None = None
+    stopped: bool = False
+    reason: str | None = None
+    """Why the zygote ended the worker: ``tamper``, ``threads`` or ``cpu``."""
+    cpu_s: float = 0.0
+    cpu_base: float = 0.0
+    since: float = 0.0
+    finished: bool = False
+    """Its call ended normally (reported, stopped, nothing left below it); killed by us only to free it."""
 
 
 class _Uids:
@@ -103,24 +134,75 @@ class Zygote:
         self.notes: list[str] = []
         if self.pid != 1:  # PID 1 of a namespace adopts every orphan already
             _proctree.become_subreaper()
+        self.expose_paths: list[str] = []
+        if config.get("expose_paths") and config.get("expose_in") == "zygote":
+            try:
+                _limits.expose_interpreter(config["expose_paths"])
+            except OSError as exc:
+                self.notes.append(f"cannot hide private directories around the interpreter: {exc}")
+        elif config.get("expose_paths"):
+            self.expose_paths = list(config["expose_paths"])  # done by each worker, in its own mount namespace
         self.loaded, self.skipped = _preload(config.get("preload", ()))
         if config.get("warmup"):
             try:
                 exec(compile(config["warmup"], "<warmup>", "exec"), {"__name__": "__warmup__"})
             except Exception as exc:
                 self.notes.append(f"warmup failed: {exc!r}")
-        uid_base = config.get("uid_base")
-        if uid_base is not None:
-            reason = _probe_privilege_drop(int(uid_base))
-            if reason is None:
-                self.uids = _Uids(int(uid_base), int(config.get("uid_count", 65536)))
-            else:
-                self.notes.append(f"cannot give workers private uids: {reason}")
+        self.uid_count = int(config.get("uid_count", 65536))
+        self.private_mounts, self.keep_read_search = self._probe_setup(config.get("uid_base"))
+        if self.private_mounts:
+            self.shared_dirs = []  # every worker has its own /tmp and /dev/shm: nothing is left in shared ones
         if threading.active_count() > 1:
             self.notes.append("preloaded modules started threads; fork may be unsafe")
         # Everything imported so far is shared copy-on-write with the workers: keep the collector off it.
         gc.collect()
         gc.freeze()
+
+    def _probe_setup(self, uid_base: int | None) -> tuple[bool, bool]:
+        """Find the strongest worker setup that works here, in throwaway children; note what is missing."""
+        ns_error = _probe(lambda: _limits.private_namespaces(self.limits.tmp_mb))
+        private_mounts = ns_error is None
+        if private_mounts and self.expose_paths:
+            error = _probe(lambda: (_limits.private_namespaces(1), _limits.expose_interpreter(self.expose_paths)))
+            if error is not None:
+                self.notes.append(f"cannot hide private directories around the interpreter: {error}")
+                self.expose_paths = []
+        else:
+            self.expose_paths = []
+        if not private_mounts:
+            self.notes.append(f"no private /tmp, /dev/shm and IPC namespace per worker ({ns_error})")
+        uid = int(uid_base) if uid_base is not None else None
+        if uid is None and not private_mounts:
+            return False, False
+        errors = []
+        for keep in (False, True):
+
+            def setup(keep: bool = keep) -> None:
+                if private_mounts:
+                    _limits.private_namespaces(self.limits.tmp_mb)
+                    if self.expose_paths:
+                        _limits.expose_interpreter(self.expose_paths)
+                _limits.drop_privileges(uid, keep_read_search=keep)
+                os.listdir(os.path.dirname(os.__file__))  # can the worker still import the standard library?
+                for name in ("numpy", "sympy"):
+                    if name in self.loaded:
+                        os.listdir(os.path.dirname(importlib.import_module(name).__file__ or "."))
+
+            error = _probe(setup)
+            if error is None:
+                if uid is not None:
+                    self.uids = _Uids(uid, self.uid_count)
+                if keep:
+                    self.notes.append(
+                        f"workers keep CAP_DAC_READ_SEARCH, so sandboxed code can read every host file "
+                        f"(/etc/shadow included): the interpreter lives where other users cannot read "
+                        f"({os.path.dirname(os.__file__)}); install bubblewrap, or use an interpreter that "
+                        f"every user can read ({errors[0]})"
+                    )
+                return private_mounts, keep
+            errors.append(error)
+        self.notes.append(f"cannot give workers private uids or drop their capabilities: {errors[-1]}")
+        return private_mounts, False
 
     # ------------------------------------------------------------------------------------------------ loop
 
@@ -130,35 +212,48 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self.selector.register(self.control, selectors.EVENT_READ, "control")
-        self.selector.register(wake_r, selectors.EVENT_READ, "wake")
+        self.selector.register(self.control, selectors.EVENT_READ, ("control", 0))
+        self.selector.register(wake_r, selectors.EVENT_READ, ("wake", 0))
         ready = {
             "op": "ready",
             "pid": self.pid,
             "loaded": self.loaded,
             "skipped": self.skipped,
             "private_uids": self.uids is not None,
+            "private_mounts": self.private_mounts,
+            "keep_read_search": self.keep_read_search,
             "notes": self.notes,
         }
         _protocol.send_message(self.control, ready)
+        next_cpu_check = 0.0
         while True:
+            now = time.monotonic()
             timeout = None
             if len(self.idle) < self.spare_target:
-                # Refill only when nothing else is waiting: kills and reaping come first.
-                timeout = max(0.0, self.refill_after - time.monotonic())
-            events = self.selector.select(timeout)
-            if not events and timeout is not None:
-                self.fork_spare()
-            for key, _ in events:
-                if key.data == "wake":
+                timeout = max(0.0, self.refill_after - now)
+            if any(w.running and not w.stopped for w in self.workers.values()):
+                wait = max(0.0, next_cpu_check - now)
+                timeout = wait if timeout is None else min(timeout, wait)
+            for key, _ in self.selector.select(timeout):
+                kind, pid = key.data
+                if kind == "wake":
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake_r, 512):
                             pass
                     self.reap()
-                elif key.data == "control":
+                elif kind == "control":
                     self.handle_control()
-                else:
-                    self.take_assignment(key.data)
+                elif kind == "link":
+                    self.handle_link(pid)
+                elif kind == "chan":
+                    self.handle_chan(pid)
+            now = time.monotonic()
+            if now >= next_cpu_check:
+                self.check_cpu(now)
+                next_cpu_check = now + CPU_CHECK_S
+            # One spare per turn: kills, reports and requests are never kept waiting behind a burst of forks.
+            if len(self.idle) < self.spare_target and now >= self.refill_after:
+                self.fork_spare()
 
     def handle_control(self) -> None:
         try:
@@ -176,8 +271,8 @@ class Zygote:
     def kill(self, call: int) -> None:
         if call not in self.by_call:
             # The worker may have taken the call without our having read its note yet.
-            for pid in [p for p, w in self.workers.items() if w.link is not None]:
-                self.take_assignment(pid)
+            for pid in [p for p, w in self.workers.items() if w.call is None and w.link is not None]:
+                self.handle_link(pid)
         pid = self.by_call.get(call)
         if pid is not None:
             _proctree.kill_tree(pid)
@@ -187,12 +282,20 @@ class Zygote:
         while len(self.pending_kills) > 4096:
             self.pending_kills.popitem(last=False)
 
+    def end(self, pid: int, reason: str) -> None:
+        """End a worker for ``reason`` (told to its caller when it is reaped)."""
+        worker = self.workers.get(pid)
+        if worker is not None and worker.reason is None:
+            worker.reason = reason
+        _proctree.kill_tree(pid)
+
     # ------------------------------------------------------------------------------------------------ spares
 
     def fork_spare(self) -> None:
         """Fork a prepared worker that waits on the dispatch socket for a call."""
-        workdir = os.path.join(self.base_dir, f"w{secrets.token_hex(8)}")
-        link, child_link = socket.socketpair()
+        name = f"w{secrets.token_hex(8)}"
+        workdir = os.path.join("/tmp" if self.private_mounts else self.base_dir, name)
+        link, child_link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         uid = None
         try:
             uid = self.uids.acquire() if self.uids is not None else None
@@ -208,37 +311,9 @@ class Zygote:
             self._become_worker(child_link.fileno(), workdir, uid)
         child_link.close()
         link.setblocking(False)  # our own end only: the worker's end is a separate socket
-        self.workers[pid] = _Worker(workdir, uid, link=link)
+        self.workers[pid] = _Worker(workdir if not self.private_mounts else "", uid, link=link)
         self.idle.add(pid)
-        self.selector.register(link, selectors.EVENT_READ, pid)
-
-    def take_assignment(self, pid: int) -> None:
-        """Read a spare's note that it took a call, with its copy of the caller's channel."""
-        worker = self.workers.get(pid)
-        if worker is None or worker.link is None:
-            return
-        try:
-            received = _protocol.recv_message(worker.link)
-        except BlockingIOError:
-            return
-        except (OSError, _protocol.ProtocolError):
-            received = None
-        self.selector.unregister(worker.link)
-        worker.link.close()
-        worker.link = None
-        self.idle.discard(pid)
-        if received is None:
-            return  # died before taking a call
-        message, fds = received
-        if message.get("op") != "assigned" or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            return
-        worker.call, worker.chan = int(message["call"]), fds[0]
-        self.by_call[worker.call] = pid
-        if worker.call in self.pending_kills:
-            del self.pending_kills[worker.call]
-            _proctree.kill_tree(pid)
+        self.selector.register(link, selectors.EVENT_READ, ("link", pid))
 
     def _become_worker(self, link: int, workdir: str, uid: int | None) -> NoReturn:
         try:
@@ -248,7 +323,15 @@ class Zygote:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             # Drop every descriptor of the zygote (control socket, other workers' links and channels).
             _close_all_but({link, self.dispatch_fd})
-            _worker.prepare(workdir, self.env, self.limits, uid)
+            _worker.prepare(
+                workdir,
+                self.env,
+                self.limits,
+                uid,
+                private_mounts=self.private_mounts,
+                keep_read_search=self.keep_read_search,
+                expose_paths=self.expose_paths,
+            )
             _proctree.die_with_parent(self.pid)  # after prepare: a uid change clears the death signal
             with socket.socket(fileno=self.dispatch_fd) as dispatch:
                 received = _protocol.recv_datagram(dispatch)
@@ -256,35 +339,180 @@ class Zygote:
                 os._exit(0)  # every caller is gone: the pool is shutting down
             request, (chan,) = received
             with socket.socket(fileno=link) as sock:
-                _protocol.send_message(sock, {"op": "assigned", "call": request.get("call")}, [chan])
-            with socket.socket(fileno=os.dup(chan)) as sock:
-                _protocol.send_message(sock, {"op": "started", "pid": os.getpid()})
-            _worker.serve(chan, once=not request.get("session"))
+                # The channel goes to the zygote; the worker keeps no copy that user code could write on.
+                note = {"op": "assigned", "call": request.get("call"), "session": bool(request.get("session"))}
+                _protocol.send_datagram(sock, note, [chan])
+                os.close(chan)
+                _worker.serve_supervised(sock.detach(), once=not request.get("session"))
         except BaseException:
             with contextlib.suppress(Exception):
                 traceback.print_exc()
             os._exit(70)
+
+    # ------------------------------------------------------------------------------------------------ calls
+
+    def handle_link(self, pid: int) -> None:
+        """Read what a worker wrote on its link: the note that it took a call, then its reports."""
+        worker = self.workers.get(pid)
+        if worker is None or worker.link is None:
+            return
+        try:
+            received = _protocol.recv_datagram(worker.link, MAX_REPORT_BYTES, nowait=True)
+        except BlockingIOError:
+            return
+        except (OSError, _protocol.ProtocolError):
+            self.end(pid, "tamper")
+            return
+        if received is None:  # the worker closed its link (it is exiting, or exec'd something else)
+            self.selector.unregister(worker.link)
+            worker.link.close()
+            worker.link = None
+            self.idle.discard(pid)
+            return
+        message, fds = received
+        if worker.call is None:
+            self.take_assignment(pid, worker, message, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        if message.get("op") != "done" or not worker.running or worker.report is not None:
+            self.end(pid, "tamper")  # a report nobody asked for, or a second one: the cell wrote it
+            return
+        worker.report = {"status": message.get("status"), "error": message.get("error")}
+        self.finish_call(pid, worker)
+
+    def take_assignment(self, pid: int, worker: _Worker, message: dict[str, Any], fds: list[int]) -> None:
+        self.idle.discard(pid)
+        if message.get("op") != "assigned" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            _proctree.kill_tree(pid)
+            return
+        worker.call, worker.session = int(message["call"]), bool(message.get("session"))
+        worker.chan = socket.socket(fileno=fds[0])
+        self.by_call[worker.call] = pid
+        self.selector.register(worker.chan, selectors.EVENT_READ, ("chan", pid))
+        _send_nowait(worker.chan, {"op": "started", "pid": pid})
+        if worker.call in self.pending_kills:
+            del self.pending_kills[worker.call]
+            _proctree.kill_tree(pid)
+
+    def handle_chan(self, pid: int) -> None:
+        """A request from the caller (or the end of its channel: it gave the worker up)."""
+        worker = self.workers.get(pid)
+        if worker is None or worker.chan is None:
+            return
+        try:
+            worker.chan.settimeout(5.0)  # the caller writes each request whole: never wait on it for long
+            received = _protocol.recv_message(worker.chan, MAX_REQUEST_BYTES)
+        except (OSError, _protocol.ProtocolError):
+            received = None
+        if received is None:
+            self.selector.unregister(worker.chan)
+            if not worker.finished:  # the caller gave up on a live worker (a closed session, a timeout)
+                _proctree.kill_tree(pid)
+            return
+        request, fds = received
+        if request.get("op") != "exec" or len(fds) != 2 or worker.running or worker.link is None:
+            for fd in fds:
+                os.close(fd)
+            _proctree.kill_tree(pid)
+            return
+        body = json.dumps({"code": request.get("code", ""), "stdin": request.get("stdin", "")}).encode()
+        memfd = os.memfd_create("request", os.MFD_CLOEXEC)
+        try:
+            _write_all(memfd, body)
+            os.lseek(memfd, 0, os.SEEK_SET)
+            cpu_s = float(request.get("cpu_s", 10.0))
+            _protocol.send_datagram(worker.link, {"op": "exec", "cpu_s": cpu_s}, [memfd, *fds])
+        except OSError:
+            _proctree.kill_tree(pid)
+            return
+        finally:
+            os.close(memfd)
+            for fd in fds:
+                os.close(fd)
+        worker.token, worker.running, worker.report = request.get("token"), True, None
+        worker.cpu_s, worker.since = cpu_s, time.monotonic()
+        # A session's worker carries the CPU time of its earlier calls; a fresh one only its few ms of setup.
+        worker.cpu_base = _tree_cpu_s(pid) if worker.session else 0.0
+        if worker.stopped:  # a session between calls: let it read the request
+            worker.stopped = False
+            os.kill(pid, signal.SIGCONT)
+
+    def finish_call(self, pid: int, worker: _Worker) -> None:
+        """Report a call's end once the worker has reported it *and* stopped, with nothing left running below it.
+
+        A one-call worker is killed right after; a session worker stays stopped until its next request.
+        """
+        if not (worker.running and worker.report is not None and worker.stopped):
+            return
+        # Stopped, the worker cannot fork; kill whatever is left below it (a cell that faked its report).
+        for _ in range(100):
+            alive = [p for p in _proctree.descendants(pid) if _proctree.is_alive(p)]
+            if not alive:
+                break
+            for child in alive:
+                with contextlib.suppress(OSError):
+                    os.kill(child, signal.SIGKILL)
+        try:
+            threads = len(os.listdir(f"/proc/{pid}/task")) if worker.session else 1
+        except OSError:
+            return  # it died meanwhile: reaped soon
+        if threads > 1:
+            self.end(pid, "threads")  # they would write into, and run during, later calls
+            return
+        if _proctree.state(pid) not in ("T", "t"):
+            self.end(pid, "tamper")  # something continued it behind our back
+            return
+        worker.running = False
+        if worker.chan is not None:
+            _send_nowait(worker.chan, {"op": "result", "token": worker.token, **worker.report})
+        if not worker.session:
+            # Stopped, with nothing below it: a plain kill ends it, and nothing of its uid is left to hunt down.
+            worker.finished = True
+            os.kill(pid, signal.SIGKILL)
+
+    def check_cpu(self, now: float) -> None:
+        """End calls whose whole process tree used more CPU time than the call may."""
+        for pid, worker in list(self.workers.items()):
+            running = worker.running and not worker.stopped and now - worker.since >= CPU_CHECK_S
+            if running and _tree_cpu_s(pid) - worker.cpu_base > worker.cpu_s:
+                self.end(pid, "cpu")
 
     # ------------------------------------------------------------------------------------------------ reap
 
     def reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
             worker = self.workers.get(pid)
-            if worker is not None:
-                self._finish(pid, worker, status)
+            if worker is None:
+                continue
+            if os.WIFSTOPPED(status):
+                worker.stopped = True
+                if worker.running and worker.report is None:
+                    self.handle_link(pid)  # the report is queued before the stop: read it now
+                self.finish_call(pid, worker)
+                continue
+            self._finish(pid, worker, status)
 
     def _finish(self, pid: int, worker: _Worker, status: int) -> None:
-        clean_exit = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        clean_exit = worker.finished or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
         if worker.link is not None:
-            self.take_assignment(pid)  # it may have taken a call just before dying
-            if worker.call is None and not clean_exit:
-                self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again
+            if worker.call is None or (worker.running and worker.report is None):
+                self.handle_link(pid)  # it may have taken a call, or reported one, just before dying
+            worker = self.workers[pid]
+            if worker.link is not None:
+                self.selector.unregister(worker.link)
+                worker.link.close()
+                worker.link = None
+        if worker.call is None and not clean_exit:
+            self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again
         del self.workers[pid]
         self.idle.discard(pid)
         if worker.call is not None:
@@ -292,14 +520,25 @@ class Zygote:
         self.sweep_strays()
         if worker.uid is not None and not clean_exit:
             _proctree.kill_uid(worker.uid)
-        _remove_tree(worker.workdir)
+        if worker.workdir:
+            _remove_tree(worker.workdir)
         if worker.uid is not None:
             self.tidy_shared_dirs(worker.uid)
         if worker.uid is not None and self.uids is not None:
             self.uids.release(worker.uid)
         if worker.chan is not None:
-            _send_nowait(worker.chan, {"op": "exit", "status": status})
-            os.close(worker.chan)
+            # Every process of the worker is dead by now: only then does the caller learn the call is over.
+            exit_message = {
+                "op": "exit",
+                "status": status,
+                "token": worker.token,
+                "result": worker.report if worker.running else None,
+                "reason": worker.reason,
+            }
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(worker.chan)
+            _send_nowait(worker.chan, exit_message)
+            worker.chan.close()
 
     def tidy_shared_dirs(self, uid: int) -> None:
         """Delete what ``uid`` left in world-writable directories (the uid is private: it is all the worker's).
@@ -335,15 +574,32 @@ class Zygote:
         os._exit(0)
 
 
-def _send_nowait(fd: int, message: dict[str, Any]) -> None:
-    # Never block the pool on one channel: user code holds the other end and could stop reading it.
-    sock = socket.socket(fileno=fd)
-    try:
+def _send_nowait(sock: socket.socket, message: dict[str, Any]) -> None:
+    # Never block the pool on one channel: a caller that stopped reading must not stall every other call.
+    with contextlib.suppress(OSError):
         _protocol.send_message(sock, message, nowait=True)
-    except OSError:
-        pass
-    finally:
-        sock.detach()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds used by ``pid`` and every process below it, including children they have reaped.
+
+    Zombies still count (their times stay readable until reaped, then move to the reaper's ``cutime``).
+    """
+    ticks = 0
+    for member in [pid, *_proctree.descendants(pid)]:
+        try:
+            with open(f"/proc/{member}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / _CLOCK_TICKS
 
 
 def _preload(modules: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
@@ -366,15 +622,14 @@ def _close_all_but(keep: set[int]) -> None:
     os.closerange(low, 1 << 20)
 
 
-def _probe_privilege_drop(uid: int) -> str | None:
-    """Try the privilege drop in a throwaway child; None if it works, else why not."""
+def _probe(setup: Any) -> str | None:
+    """Run ``setup()`` in a throwaway child; None if it works, else why not."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
-            _limits.drop_privileges(uid)
-            os.listdir(os.path.dirname(os.__file__))  # can the worker still import the standard library?
+            setup()
             os.write(w, b"ok")
         except BaseException as exc:
             with contextlib.suppress(Exception):

@@ -2,19 +2,25 @@
 
 How a call runs::
 
-    caller thread ──fork request──▶ zygote (PID 1 of the pool's namespaces, numpy/sympy imported)
-         │                             │ fork
-         │◀══ private socket pair ═══▶ worker: subreaper, own session, own temp dir, rlimits, own uid (root)
-         │◀── stdout / stderr pipes ───┘ runs the cell, kills what it started, replies, exits
+    caller thread ──call + channel──▶ spare worker ──channel──▶ zygote (PID 1 of the pool's namespaces,
+         │                                                      │      numpy/sympy imported; supervisor)
+         │◀═══════ requests / results (channel) ═══════════════▶│◀─ reports (link) ─ worker
+         │◀── stdout / stderr pipes ─────────────────────────────────────────────────┘
 
 * The zygote is a clean interpreter (``python -c``), started once per sandbox under bubblewrap or ``unshare``
-  (:mod:`._isolation`), so ``fork`` is safe and the namespaces cost nothing per call.
-* Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``.
-* The caller enforces the wall-clock timeout and the output limit; when either trips, the zygote kills the
-  worker's whole tree (:mod:`._proctree`). Orphans that escape a dying worker are re-parented to the zygote,
-  which kills them. If the zygote itself dies, every worker dies with it, and the next call starts a new one.
-* Calls run on a private thread pool of ``max_concurrency`` threads, so at most that many stateless workers
-  exist at once and the API works from any event loop (:mod:`._base`).
+  (:mod:`._isolation`), so ``fork`` is safe and the pool's namespaces cost nothing per call. Spares are prepared
+  ahead (own IPC namespace, own empty ``/tmp`` and ``/dev/shm``, own uid, no capabilities).
+* Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``,
+  stopped (SIGSTOP) between calls so nothing of it runs while it is not called.
+* The zygote, not the worker, tells the caller that a call is over, and only when every process of the call is
+  dead (stateless) or stopped with nothing below it (a session); see :mod:`._zygote`. User code cannot reach the
+  caller's channel at all.
+* The caller enforces the wall-clock timeout and the output limit; the zygote adds up the CPU time of each
+  call's whole process tree. When a limit trips, the zygote kills the worker's whole tree (:mod:`._proctree`).
+  If the zygote itself dies, every worker dies with it, and the next call starts a new one.
+* Calls run on a private thread pool of ``max_concurrency`` threads: by default many more than cores
+  (:func:`default_concurrency`), so a spinning or sleeping call never holds up the others; the kernel shares
+  the cores and every call is bounded by CPU time as well as wall time. The API works from any event loop.
 """
 
 from __future__ import annotations
@@ -72,14 +78,22 @@ if "sympy" in sys.modules:
 """Run once in the zygote after the imports: fills sympy's caches, which every forked worker then shares."""
 
 
+def default_concurrency() -> int:
+    """Calls admitted at once by default: 4 per core and at least 16. Tool calls mostly wait (sleep, I/O) or are
+    short; admitting few more than cores would let two infinite loops stall every other episode's tool call."""
+    return max(16, 4 * (os.cpu_count() or 1))
+
+
 class LocalSandbox(_base.ThreadedSandbox):
     """Warm fork-server sandbox (see the module docstring). Use as an async context manager.
 
     Options (all keyword):
 
-    * ``max_concurrency``: stateless workers running at once (default ``os.cpu_count()``); more calls queue.
+    * ``max_concurrency``: calls running at once (default :func:`default_concurrency`: 4 per core, at least 16);
+      more calls queue. Each running call is a process; the kernel shares the cores among them.
     * ``timeout_s``: default wall-clock limit per call (4.0, the paper's tool limit); ``execute`` may override.
-    * ``memory_mb``: address-space limit per worker (2048). ``cpu_s``: CPU seconds per call (timeout + 1).
+    * ``memory_mb``: address-space limit per worker (2048). ``cpu_s``: CPU seconds per call, counting every
+      process the call starts (timeout + 1). ``tmp_mb``: size of each worker's private ``/tmp`` (256, in memory).
     * ``max_output_bytes``: stdout + stderr kept per call (1 MiB); more is ``output_limit``.
     * ``max_processes``, ``max_files``, ``max_file_mb``: RLIMIT_NPROC / NOFILE / FSIZE per worker.
     * ``preload``: modules the zygote imports (:data:`DEFAULT_PRELOAD`); ``warmup``: code it runs after.
@@ -88,8 +102,8 @@ class LocalSandbox(_base.ThreadedSandbox):
       ``"unshare"`` (fail if unavailable) or ``"none"``.
     * ``env``: extra environment variables for sandboxed code (on top of a small allowlist).
     * ``python``: interpreter for the zygote (default: this one).
-    * ``spares``: workers the zygote keeps forked and prepared ahead of calls (``min(max_concurrency, 4)``),
-      which takes ``fork`` off the latency of a call.
+    * ``spares``: workers the zygote keeps forked and prepared ahead of calls (``min(max_concurrency, 16)``),
+      which takes ``fork`` off the latency of a call; a burst beyond them waits for forks (not on its timeout).
     """
 
     def __init__(
@@ -106,6 +120,7 @@ class LocalSandbox(_base.ThreadedSandbox):
         max_processes: int | None = 64,
         max_files: int | None = 256,
         max_file_mb: int | None = 64,
+        tmp_mb: int = 256,
         isolation: str = "auto",
         env: Mapping[str, str] | None = None,
         python: str | None = None,
@@ -113,7 +128,7 @@ class LocalSandbox(_base.ThreadedSandbox):
         spares: int | None = None,
     ) -> None:
         super().__init__(
-            max_concurrency=max_concurrency or os.cpu_count(),
+            max_concurrency=max_concurrency or default_concurrency(),
             timeout_s=timeout_s,
             max_output_bytes=max_output_bytes,
             cpu_s=cpu_s,
@@ -121,7 +136,11 @@ class LocalSandbox(_base.ThreadedSandbox):
         if isolation not in _isolation.ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {_isolation.ISOLATION_MODES}, got {isolation!r}")
         self.limits = _limits.Limits(
-            memory_mb=memory_mb, max_processes=max_processes, max_files=max_files, max_file_mb=max_file_mb
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            max_files=max_files,
+            max_file_mb=max_file_mb,
+            tmp_mb=tmp_mb,
         )
         self.pool = _pool.ZygotePool(
             preload=preload,
@@ -132,7 +151,7 @@ class LocalSandbox(_base.ThreadedSandbox):
             network=network,
             python=python,
             start_timeout_s=start_timeout_s,
-            spares=min(self.max_concurrency, 4) if spares is None else spares,
+            spares=min(self.max_concurrency, 16) if spares is None else spares,
         )
 
     @property

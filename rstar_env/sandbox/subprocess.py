@@ -57,7 +57,7 @@ class SubprocessWorker(_client.Worker):
         self, proc: subprocess.Popen[bytes], chan: socket.socket, workdir: str, uid: int | None, uids: _UidRange | None
     ) -> None:
         self.proc, self.chan, self.workdir, self.uid, self._uids = proc, chan, workdir, uid, uids
-        self.started = True
+        self.started = False  # until the interpreter is up and says so: its start-up is not the call's time
 
     def kill(self) -> None:
         _proctree.kill_tree(self.proc.pid)
@@ -72,6 +72,8 @@ class SubprocessWorker(_client.Worker):
 
     def close(self) -> None:
         self.chan.close()  # a session worker exits at end of stream; a one-call worker is exiting already
+        # Whatever its reply said, nothing of the worker's tree outlives it (a cell can forge a reply here).
+        _proctree.kill_tree(self.proc.pid)
         try:
             code = self.proc.wait(timeout=_client.DEATH_GRACE_S)
         except subprocess.TimeoutExpired:
@@ -87,7 +89,7 @@ class SubprocessWorker(_client.Worker):
 
 class SubprocessSandbox(_base.ThreadedSandbox):
     """Fresh-interpreter sandbox. Takes the options of :class:`~rstar_env.sandbox.local.LocalSandbox`, so a
-    config can switch backends; the pool's own (``preload``, ``warmup``, ``spares``, ``isolation``,
+    config can switch backends; the pool's own (``preload``, ``warmup``, ``spares``, ``isolation``, ``tmp_mb``,
     ``start_timeout_s``) have no effect here, and ``network=False`` cannot be enforced (a warning says so)."""
 
     def __init__(
@@ -108,6 +110,7 @@ class SubprocessSandbox(_base.ThreadedSandbox):
         warmup: Any = None,
         spares: Any = None,
         isolation: Any = None,
+        tmp_mb: Any = None,
         start_timeout_s: Any = None,
     ) -> None:
         super().__init__(
@@ -184,7 +187,8 @@ def _probe_uid(python: str | None, uid: int) -> bool:
     code = (
         "import sys, types; pkg = types.ModuleType('_rstar_sandbox'); "
         f"pkg.__path__ = [{_spawn.PACKAGE_DIR!r}]; sys.modules['_rstar_sandbox'] = pkg\n"
-        f"from _rstar_sandbox import _limits; _limits.drop_privileges({uid}); import json, decimal"
+        f"from _rstar_sandbox import _limits; _limits.drop_privileges({uid}, keep_read_search=True); "
+        "import json, decimal"
     )
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         done = subprocess.run([python or sys.executable, "-c", code], capture_output=True, timeout=30)
