@@ -782,3 +782,34 @@ def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox)
     assert all(r.status == "timeout" for r, _ in spinners), spinners
     # A call's timeout counts from its start; the wait before it is reported apart.
     assert all(r.duration_s < 5.0 + SLACK_S and r.queue_s >= 0 for r, _ in done)
+
+
+def test_an_interpreter_under_tmp_is_refused_with_the_fix(monkeypatch):
+    """Each worker's /tmp is private and empty, so a venv there would vanish: named at start-up, not per call."""
+    from rstar_env.sandbox import SandboxError, _isolation
+
+    paths = ("/usr/lib/python3", "/tmp/venv/lib/python3.11/site-packages")
+    monkeypatch.setattr(_isolation, "visible_paths", lambda python=None: paths)
+    for kind in ("bwrap", "unshare"):
+        with pytest.raises(SandboxError, match=r"lives under /tmp \(/tmp/venv.*put the virtual environment elsewhere"):
+            _isolation.Isolation(kind, False, True, True).command("/x")
+    assert _isolation.Isolation("none", True, False, False).command("/x") == []
+
+
+def test_an_import_path_under_tmp_is_left_out_of_the_view_not_refused(monkeypatch):
+    """``python -m`` run from a directory under /tmp puts it on sys.path: the view drops it, the pool starts."""
+    import sys
+
+    from rstar_env.sandbox import _isolation
+
+    work = Path("/tmp") / f"rstar-cwd-{os.getpid()}"
+    work.mkdir(exist_ok=True)
+    try:
+        monkeypatch.setattr(sys, "path", [str(work), *sys.path])
+        _isolation.visible_paths.cache_clear()
+        paths = _isolation.visible_paths()
+        assert not any(p == str(work) or p.startswith("/tmp/") for p in paths), paths
+        assert _isolation.Isolation("unshare", False, True, True).command("/x")  # no SandboxError
+    finally:
+        _isolation.visible_paths.cache_clear()
+        work.rmdir()

@@ -72,11 +72,12 @@ class Isolation:
 
     def command(self, writable: str, python: str | None = None) -> list[str]:
         """The wrapper's command-line prefix; ``writable`` is the one host directory the pool may write."""
+        if self.kind == "none":
+            return []
+        _refuse_interpreter_under_tmp(visible_paths(python))
         if self.kind == "bwrap":
             return _bwrap_prefix(self.network, writable, visible_paths(python))
-        if self.kind == "unshare":
-            return _unshare_prefix(self.network)
-        return []
+        return _unshare_prefix(self.network)
 
     def package_dir(self, host_dir: str) -> str:
         """Where the zygote finds the sandbox's modules (``host_dir`` on the host)."""
@@ -86,19 +87,23 @@ class Isolation:
 @functools.cache
 def visible_paths(python: str | None = None) -> tuple[str, ...]:
     """The interpreter's prefixes and import paths that exist, minus project checkouts (an editable install
-    puts one on ``sys.path``; sandboxed code has no business reading it). Asks ``python`` itself when given."""
+    puts one on ``sys.path``; sandboxed code has no business reading it) and import paths under ``/tmp`` (the
+    caller's working directory or a ``PYTHONPATH`` entry there: each worker's ``/tmp`` is its own, and the
+    interpreter does not need them). Asks ``python`` itself when given."""
     if python is None:
-        candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]
+        prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+        imports = list(sys.path)
     else:
-        query = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]))"
+        query = "import json, sys; print(json.dumps([[sys.prefix, sys.base_prefix, sys.exec_prefix], sys.path]))"
         try:
             done = subprocess.run([python, "-c", query], capture_output=True, text=True, timeout=60, check=True)
-            candidates = json.loads(done.stdout)
+            prefixes, imports = json.loads(done.stdout)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             from . import SandboxError
 
             raise SandboxError(f"cannot ask {python} for its import paths: {exc}") from exc
-        candidates.append(os.path.dirname(os.path.realpath(python)))
+        prefixes.append(os.path.dirname(os.path.realpath(python)))
+    candidates = [*prefixes, *(p for p in imports if not _under_tmp(os.path.normpath(p)) if p)]
     found: list[str] = []
     for path in candidates:
         if not path or not os.path.isabs(path) or not os.path.exists(path):
@@ -112,6 +117,24 @@ def visible_paths(python: str | None = None) -> tuple[str, ...]:
             continue
         found = [kept for kept in found if not kept.startswith(path + os.sep)] + [path]
     return tuple(found)
+
+
+def _under_tmp(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def _refuse_interpreter_under_tmp(paths: tuple[str, ...]) -> None:
+    # Every worker gets its own empty /tmp, which would hide an interpreter or package living there: say so at
+    # start-up rather than fail every call with "No such file or directory".
+    under = [p for p in paths if _under_tmp(p)]
+    if under:
+        from . import SandboxError
+
+        raise SandboxError(
+            f"the sandbox's Python lives under /tmp ({under[0]}), which each sandbox replaces with a private, empty "
+            "/tmp; put the virtual environment elsewhere (e.g. ~/.venvs/rstar), or pass isolation='none' "
+            "to run without the sandbox's filesystem view"
+        )
 
 
 def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ...] = ()) -> list[str]:
