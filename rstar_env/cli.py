@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +32,45 @@ def main() -> None:
 @main.command()
 @click.option("--kind", type=click.Choice(["tool", "reward", "sampler"]), help="Only this kind of plugin.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def plugins(kind: str | None, as_json: bool) -> None:
-    """List registered plugins and the package each comes from."""
-    from rstar_env.plugins import PluginError, list_plugins
+@click.option("--check", is_flag=True, help="Exit 1 when an installed plugin failed to load (for CI).")
+def plugins(kind: str | None, as_json: bool, check: bool) -> None:
+    """List registered plugins and the package each comes from, and those that failed to load.
 
-    try:
+    A plugin that fails to import or register is skipped (the others keep working) and listed under "failed to
+    load"; the exit status is 0 unless --check is given.
+    """
+    import warnings
+
+    from rstar_env.plugins import PluginLoadWarning, failed_plugins, list_plugins
+
+    with warnings.catch_warnings():  # listed below, once, rather than as warnings too
+        warnings.simplefilter("ignore", PluginLoadWarning)
         infos = list_plugins(kind)  # type: ignore[arg-type]
-    except PluginError as exc:
-        _fail(str(exc))
+        failed = failed_plugins()
     rows = [
         {"kind": i.kind, "name": i.name, "source": i.source, "class": f"{i.cls.__module__}.{i.cls.__qualname__}"}
         for i in infos
     ]
+    broken = [{"distribution": f.distribution, "entry_point": f.entry_point, "error": f.error} for f in failed]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    table = Table(title="rstar-env plugins")
-    for column in ("kind", "name", "source", "class"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row.values())
-    Console().print(table)
+        click.echo(json.dumps({"plugins": rows, "failed": broken}, indent=2))
+    else:
+        table = Table(title="rstar-env plugins")
+        for column in ("kind", "name", "source", "class"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row.values())
+        Console().print(table)
+        if broken:
+            failed_table = Table(title="failed to load (skipped)", title_style="bold red")
+            for column in ("distribution", "entry point", "error"):
+                failed_table.add_column(column, overflow="fold")
+            for item in broken:
+                failed_table.add_row(*item.values())
+            Console().print(failed_table)
+    if check and broken:
+        console.print(f"[red]{len(broken)} plugin entry point(s) failed to load[/]")
+        sys.exit(1)
 
 
 # -- run-tool ----------------------------------------------------------------------------------------------------
@@ -84,7 +103,7 @@ def run_tool(
     """
     from rstar_env import _aio
     from rstar_env.plugins import PluginError, load_tool
-    from rstar_env.tool import EpisodeContext
+    from rstar_env.tool import EpisodeContext, validate_arguments
 
     options = _tool_spec(config, name)
     if backend:
@@ -106,6 +125,11 @@ def run_tool(
                 args = json.loads(arguments or "{}")
             except json.JSONDecodeError as exc:
                 _fail(f"--arguments is not valid JSON: {exc}")
+            if not isinstance(args, dict):
+                _fail(f"--arguments must be a JSON object of the {name} tool's arguments, got {type(args).__name__}")
+            problem = validate_arguments(tool.schema, args)  # the env's check, so a bad call fails the same way
+            if problem is not None:
+                _fail(f"{name}: {problem}")
             result = await tool.call(args, EpisodeContext(episode_id="cli"))
             return result.to_dict()
         finally:
@@ -195,15 +219,40 @@ def episode(
 
 
 # -- eval --------------------------------------------------------------------------------------------------------
-def _build_policy(model: str | None, endpoint: str | None, served_model: str | None, sampling: Any,
+def _endpoint_specs(cfg: Any, endpoints: tuple[str, ...], capacities: tuple[int, ...],
+                    concurrency: int | None) -> list[Any]:
+    """The engines to use: ``--endpoint`` (with ``--engine-capacity``, ``--engine-concurrency``) or the config's."""
+    from rstar_env.config import EndpointSpec
+
+    if not endpoints:
+        specs = list(cfg.inference.endpoints) if cfg is not None else []
+        if capacities:
+            _fail("--engine-capacity goes with --endpoint (or set capacity_tokens in inference.endpoints)")
+    else:
+        if capacities and len(capacities) not in (1, len(endpoints)):
+            _fail(f"--engine-capacity: give one value for all endpoints or one per --endpoint "
+                  f"({len(endpoints)}), got {len(capacities)}")
+        specs = []
+        for i, url in enumerate(endpoints):
+            capacity = capacities[0] if len(capacities) == 1 else capacities[i] if capacities else None
+            specs.append(EndpointSpec(url=url, capacity_tokens=capacity))
+    if concurrency is not None:
+        specs = [spec.model_copy(update={"max_concurrency": concurrency}) for spec in specs]
+    return specs
+
+
+def _build_policy(model: str | None, endpoints: list[Any], served_model: str | None, sampling: Any,
                   batch_size: int, env: Any, native_tools: bool = True) -> Any:
-    if endpoint:
-        from rstar_env.rollout.openai import OpenAIPolicy
+    if endpoints:
+        from rstar_env.rollout.dispatch import endpoint_policy
 
         name = served_model or model
         if not name:
             _fail("--endpoint needs the served model's name: --served-model NAME")
-        return OpenAIPolicy.for_env(env, endpoint, name, sampling=sampling, native_tools=native_tools)
+        try:
+            return endpoint_policy(env, endpoints, name, sampling=sampling, native_tools=native_tools)
+        except ValueError as exc:
+            _fail(str(exc))
     from rstar_env.rollout.local import ModelNotFoundError, TransformersPolicy
 
     try:
@@ -212,9 +261,18 @@ def _build_policy(model: str | None, endpoint: str | None, served_model: str | N
         _fail(str(exc))
 
 
+_ENDPOINT_HELP = ("OpenAI-compatible base URL (e.g. http://localhost:8000/v1); repeat for several engines, "
+                  "requests go to the one with the most free KV capacity.")
+_CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one per endpoint); default: read "
+                  "from its vLLM /metrics, else --engine-concurrency.")
+
+
 @main.command("eval")
 @click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
-@click.option("--endpoint", default=None, help="OpenAI-compatible base URL (e.g. http://localhost:8000/v1).")
+@click.option("--endpoint", "endpoints", multiple=True, help=_ENDPOINT_HELP)
+@click.option("--engine-capacity", "capacities", type=click.IntRange(min=1), multiple=True, help=_CAPACITY_HELP)
+@click.option("--engine-concurrency", type=click.IntRange(min=1), default=None,
+              help="Requests in flight per endpoint when its KV capacity is unknown [default: 64].")
 @click.option("--served-model", default=None, help="Model name to request from --endpoint.")
 @click.option("--native-tools/--text-tools", default=True, show_default=True,
               help="With --endpoint: send tool schemas as `tools=` (hermes parser) or describe them in the prompt.")
@@ -232,7 +290,8 @@ def _build_policy(model: str | None, endpoint: str | None, served_model: str | N
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Local model batch size.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-def eval_command(model: str | None, endpoint: str | None, served_model: str | None, dataset: str | None,
+def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tuple[int, ...],
+                 engine_concurrency: int | None, served_model: str | None, dataset: str | None,
                  native_tools: bool, config: str | None, samples: int, limit: int | None, out: str,
                  temperature: float, top_p: float,
                  max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
@@ -266,7 +325,9 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
         env = MathToolVectorEnv(min(width, total), **env_options)
     except (ConfigError, PluginError) as exc:
         _fail(str(exc))
-    policy = _build_policy(model, endpoint, served_model, sampling, batch_size, env, native_tools)
+    specs = _endpoint_specs(cfg, endpoints, capacities, engine_concurrency)
+    served_model = served_model or cfg.inference.served_model
+    policy = _build_policy(model, specs, served_model, sampling, batch_size, env, native_tools)
     if policy.tokenizer is not None:  # token-level truth: the env encodes prompt and feedback with the policy's
         for sub in env.envs:
             sub.tokenizer = policy.tokenizer
@@ -302,12 +363,17 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        table = Table(title=f"eval: {model or endpoint or 'smollm2'} on {cfg.dataset.source}")
+        where = model or ", ".join(spec.url for spec in specs) or "smollm2"
+        table = Table(title=f"eval: {where} on {cfg.dataset.source}")
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in format_summary_rows(summary):
             table.add_row(key, value)
         Console().print(table)
+    if summary.get("rescored_stale"):
+        console.print(f"[yellow]eval: {summary['rescored_stale']} record(s) in {out} were scored with other settings "
+                      "(verifier, its options, or env settings) and were run again; the summary covers only the "
+                      "current settings.[/]")
     failures = summary.get("env_errors", 0) + summary.get("policy_errors", 0)
     if failures:
         console.print(f"[red]eval: {failures} episode(s) ended in a system failure (env_error/policy_error) and were "
@@ -319,39 +385,42 @@ def eval_command(model: str | None, endpoint: str | None, served_model: str | No
 # -- chat ----------------------------------------------------------------------------------------------------------
 @main.command()
 @click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
-@click.option("--endpoint", default=None, help="OpenAI-compatible base URL instead of a local model.")
+@click.option("--endpoint", "endpoints", multiple=True, help=_ENDPOINT_HELP)
 @click.option("--served-model", default=None, help="Model name to request from --endpoint.")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (tools, reward, env).")
 @click.option("--temperature", type=float, default=0.7, show_default=True)
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Per assistant turn.")
 @click.option("--max-turns", type=int, default=10, show_default=True)
 @click.option("--answer", "gold", default=None, help="A gold answer to score the final response against.")
-def chat(model: str | None, endpoint: str | None, served_model: str | None, config: str | None,
+def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None, config: str | None,
          temperature: float, max_new_tokens: int, max_turns: int, gold: str | None) -> None:
     """Chat with a model that can run Python: each question is an episode; tool calls and their results are shown
     as they happen. Type a question (empty line or Ctrl-D quits)."""
     from rstar_env import _aio
-    from rstar_env.config import ConfigError
+    from rstar_env.config import ConfigError, load_config
     from rstar_env.env import MathToolEnv
     from rstar_env.plugins import PluginError
     from rstar_env.rollout.collect import context_ids
     from rstar_env.rollout.policy import Request, SamplingParams
 
     try:
-        env = MathToolEnv(config=config, max_turns=max_turns)
+        cfg = load_config(config)
+        env = MathToolEnv(config=cfg, max_turns=max_turns)
     except (ConfigError, PluginError) as exc:
         _fail(str(exc))
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-    policy = _build_policy(model, endpoint, served_model, sampling, 1, env)
+    specs = _endpoint_specs(cfg, endpoints, (), None)
+    policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
     env.tokenizer = policy.tokenizer
 
     async def episode(question: str) -> None:
         await env.areset(options={"problem": question, "answer": gold or ""})
+        key = uuid.uuid4().hex  # one key per episode: several engines keep its turns on one (prefix cache)
         while True:
             trajectory = env.trajectory
             assert trajectory is not None
             ids = context_ids(trajectory) if policy.tokenizer is not None else None
-            (generation,) = await policy.generate([Request(trajectory, ids)])
+            (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
             console.rule("[bold cyan]assistant")
             console.print(generation.text, markup=False, highlight=False)
             _, reward, terminated, truncated, info = await env.astep(
@@ -388,31 +457,76 @@ def chat(model: str | None, endpoint: str | None, served_model: str | None, conf
 @click.option("--backend", type=click.Choice(["local"]), default=None,
               help="Run a config written for another backend (e.g. a stage config) on this machine.")
 @click.option("--model", default=None, help="Override trainer.model.")
+@click.option("--seed", type=int, default=None, help="Override trainer.seed (RL, and an sft: stage's default seed).")
 def train(config: str, max_steps: int | None, output_dir: str | None, fresh: bool, backend: str | None,
-          model: str | None) -> None:
-    """Train with GRPO-RoC on this machine (the `local` trainer); resumes from the output directory's latest
-    checkpoint. Ctrl-C saves a checkpoint."""
+          model: str | None, seed: int | None) -> None:
+    """Train on this machine (the `local` trainer): GRPO-RoC, an SFT stage (`trainer.stage: sft`), or both (an RL
+    section with an `sft:` sub-section runs SFT first, then RL from its weights). Resumes from the output
+    directory's checkpoints. Ctrl-C saves a checkpoint."""
     from rstar_env.config import ConfigError, load_config
+    from rstar_env.data import DataError
+    from rstar_env.sampler import SamplerError
 
     try:
-        from rstar_trainers.local.config import trainer_config
+        from rstar_trainers.local.config import sft_config, trainer_config
+        from rstar_trainers.local.sft import run_sft_stage, run_sft_stage_isolated
         from rstar_trainers.local.trainer import LocalTrainer
     except ImportError as exc:
         _fail(f"the local trainer needs torch and transformers ({exc}): pip install 'rstar-env[local]'")
     try:
         run = load_config(config)
-        settings = trainer_config(run, force_local=backend == "local", output_dir=output_dir, model=model)
+        if run.trainer.get("stage") == "sft":
+            sft = sft_config(run.trainer, output_dir=output_dir, model=model, seed=seed)
+            out, settings = Path(sft.output_dir), None
+        else:
+            settings = trainer_config(run, force_local=backend == "local", output_dir=output_dir, model=model,
+                                      seed=seed)
+            out = Path(settings.output_dir)
+            sft = None
+            if settings.sft is not None:
+                sft = sft_config({"model": settings.model, "seed": settings.seed, "device": settings.device,
+                                  "tensorboard": settings.tensorboard, **settings.sft,
+                                  "output_dir": str(out / "sft")})
     except ConfigError as exc:
         _fail(str(exc))
     if fresh:
         import shutil
 
-        shutil.rmtree(Path(settings.output_dir), ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    if sft is not None:
+        sft_columns = ("step", "loss", "grad_norm", "lr", "time/step_s")
+        console.print("[bold]SFT stage[/] -> " + sft.output_dir)
+        if settings is None:
+            console.print("  ".join(f"{c.split('/')[-1]:>12}" for c in sft_columns))
+        try:
+            if settings is None:
+                model_dir, report = run_sft_stage(
+                    run, sft, max_steps=max_steps,
+                    on_step=lambda m: console.print("  ".join(f"{m.get(c, 0):>12.4g}" for c in sft_columns)))
+            else:  # SFT before RL: in a child process, so RL never holds the SFT stage's memory
+                model_dir, report = run_sft_stage_isolated(run, sft)
+        except (ConfigError, DataError) as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: SFT checkpoint saved[/]")
+            raise SystemExit(130) from None
+        if report:
+            console.print("SFT held-out: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+        if settings is None:
+            console.print(f"done: SFT model in {model_dir}; metrics in {sft.output_dir}/metrics.jsonl "
+                          f"(rstar-env plot {sft.output_dir})")
+            return
+        if model_dir is None:
+            _fail(f"the SFT stage has not finished (rerun to continue it); its checkpoints are in {sft.output_dir}")
+        settings = settings.model_copy(update={"model": str(model_dir)})
+        console.print("[bold]RL stage[/] from " + str(model_dir))
+    assert settings is not None
     trainer = LocalTrainer(run, settings)
     if trainer.step:
         console.print(f"resuming {settings.output_dir} at step {trainer.step}")
-    columns = ("step", "reward", "accuracy", "tool_error_ratio_correct", "groups_kept", "loss", "time/step_s")
-    table_header = "  ".join(f"{c.split('/')[-1]:>12}" for c in columns)
+    columns = ("step", "reward", "accuracy", "tool_calls_per_trajectory", "tool_error_ratio_correct", "groups_kept",
+               "loss", "time/step_s")
+    table_header = "  ".join(f"{c.split('/')[-1][:12]:>12}" for c in columns)
     console.print(table_header)
 
     def show(metrics: dict[str, Any]) -> None:
@@ -420,6 +534,8 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
 
     try:
         trainer.train(max_steps=max_steps, on_step=show)
+    except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback needed
+        _fail(str(exc))
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
         raise SystemExit(130) from None
@@ -427,6 +543,74 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
         trainer.close()
     console.print(f"done: step {trainer.step}; metrics in {settings.output_dir}/metrics.jsonl "
                   f"(rstar-env plot {settings.output_dir})")
+
+
+@main.command()
+@click.option("--config", "config", type=click.Path(dir_okay=False), required=True,
+              help="An RL config with an `sft:` sub-section (e.g. configs/quickstart.yaml), or any RL config with "
+                   "--sft-model.")
+@click.option("--seeds", default="0,1", show_default=True, help="Comma-separated seeds; each trains both arms.")
+@click.option("--steps", type=int, default=None, help="RL steps per arm (default: the config's trainer.steps).")
+@click.option("--output-dir", default=None, help="Where the arms, figure and table go (default: OUTPUT_DIR/compare).")
+@click.option("--sft-model", default=None,
+              help="Start both arms from this model instead of the config's SFT stage (run, or found finished, "
+                   "in OUTPUT_DIR/sft).")
+def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, sft_model: str | None) -> None:
+    """GRPO vs GRPO-RoC from the same SFT checkpoint, with the same seeds, data and steps. Plots, per step, the
+    tool-error ratio in correct trajectories before selection, the reward and the response length; writes both arms'
+    metrics, compare.png and compare.md. Reruns resume."""
+    from rstar_env.config import ConfigError, load_config
+    from rstar_env.data import DataError
+
+    try:
+        from rstar_trainers.local.compare import run_compare
+        from rstar_trainers.local.config import sft_config, trainer_config
+        from rstar_trainers.local.sft import run_sft_stage_isolated
+    except ImportError as exc:
+        _fail(f"compare needs torch and transformers ({exc}): pip install 'rstar-env[local]'")
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(f"--seeds takes comma-separated integers, got {seeds!r}")
+    if not seed_list or (steps is not None and steps < 1):
+        _fail("give at least one seed and --steps >= 1")
+    try:
+        run = load_config(config)
+        settings = trainer_config(run)
+    except ConfigError as exc:
+        _fail(str(exc))
+    root = Path(settings.output_dir)
+    model = sft_model
+    if model is None:
+        if settings.sft is None:
+            _fail(f"{config} has no trainer.sft section: pass --sft-model PATH (the checkpoint both arms start from)")
+        sft = sft_config({"model": settings.model, "seed": settings.seed, "device": settings.device,
+                          "tensorboard": settings.tensorboard, **settings.sft, "output_dir": str(root / "sft")})
+        console.print(f"SFT stage in {sft.output_dir} (reused when finished)")
+        try:
+            model_dir, _ = run_sft_stage_isolated(run, sft)
+        except (ConfigError, DataError) as exc:
+            _fail(str(exc))
+        model = str(model_dir)
+    out = Path(output_dir) if output_dir else root / "compare"
+    columns = ("reward", "tool_calls_per_trajectory", "tool_error_ratio_correct", "response_tokens", "time/step_s")
+    console.print(f"{'arm':>10}  {'step':>5}  " + "  ".join(f"{c.split('/')[-1][:12]:>12}" for c in columns))
+
+    def show(arm: str, seed: int, m: dict[str, Any]) -> None:
+        console.print(f"{arm + '/' + str(seed):>10}  {m['step']:>5}  " +
+                      "  ".join(f"{m.get(c, 0):>12.4g}" for c in columns))
+
+    try:
+        summary = run_compare(run, settings, out=out, model=model, seeds=seed_list,
+                              steps=steps or settings.steps, on_step=show)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: each arm's checkpoint is saved; rerun to continue[/]")
+        raise SystemExit(130) from None
+    click.echo((out / "compare.md").read_text())
+    roc = summary["arms"]["roc"]["tool_error_ratio_correct"]["mean_second_half"]
+    grpo = summary["arms"]["grpo"]["tool_error_ratio_correct"]["mean_second_half"]
+    click.echo(f"tool-error ratio in correct trajectories, second half: GRPO-RoC {roc:.3f} vs GRPO {grpo:.3f}; "
+               f"figure {out / 'compare.png'}")
 
 
 @main.command()
@@ -439,6 +623,23 @@ def plot(run_dir: str, out: str | None) -> None:
     try:
         path = plot_run(run_dir, out)
     except (FileNotFoundError, ValueError, ImportError) as exc:
+        _fail(str(exc))
+    click.echo(str(path))
+
+
+@main.command("export-model")
+@click.option("--model", default=None, help="'smollm2' (default), a model directory or a .gguf file.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Directory to write (default: ~/.cache/rstar-env/models/NAME, or $RSTAR_ENV_CACHE/models/NAME).")
+@click.option("--overwrite", is_flag=True, help="Write again even if the directory holds an export.")
+def export_model_command(model: str | None, out: str | None, overwrite: bool) -> None:
+    """Write a model as a Hugging Face directory that `transformers serve` or vLLM can serve; prints its path."""
+    from rstar_env.rollout.local import ModelNotFoundError
+
+    try:
+        from rstar_env.rollout.export import export_model
+        path = export_model(model, out, overwrite=overwrite)
+    except (ModelNotFoundError, ImportError, OSError) as exc:
         _fail(str(exc))
     click.echo(str(path))
 
@@ -480,7 +681,12 @@ class _LazyGroup(click.Group):
 
 @main.group(
     cls=_LazyGroup,
-    lazy={"sandbox": "rstar_env.bench.sandbox:command", "reward": "rstar_env.bench.reward:command"},
+    lazy={
+        "sandbox": "rstar_env.bench.sandbox:command",
+        "reward": "rstar_env.bench.reward:command",
+        "gym": "rstar_env.bench.gym:command",
+        "rollout": "rstar_env.bench.rollout:command",
+    },
 )
 def bench() -> None:
     """Benchmarks that print side-by-side ratios measured in one run."""

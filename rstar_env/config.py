@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rstar_env.presets import apply_preset, get_preset
 
@@ -82,6 +91,13 @@ class EnvConfig(_Model):
     """What the verifier reads: the last action, or every action of the episode joined (the reference scores its
     whole response; tool output is never scored here, so a program cannot print the answer for the model)."""
 
+    tool_timeout_s: PositiveFloat = 60.0
+    """Wall-clock limit of one tool call, for every tool plugin (a tool may ask for less with a ``call_timeout_s``
+    attribute). Past it the call is cancelled and answered with a ``timeout`` tool error."""
+    reward_timeout_s: PositiveFloat = 60.0
+    """Wall-clock limit of one scoring by the verifier. Past it the episode ends unscored as ``env_error``, its
+    ``error`` starting with ``reward_timeout``."""
+
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str | None) -> str | None:
@@ -110,11 +126,46 @@ class DatasetSpec(_Model):
     limit: PositiveInt | None = None
     shuffle: bool = False
     seed: int = 0
+    on_bad_row: Literal["error", "skip"] = "error"
+    """``skip`` skips rows that cannot be read (no problem, no answer, not JSON) and counts them; ``error`` stops."""
+    allow_unscored: bool = False
+    """Keep rows (and ``reset`` options) without an answer: the env runs them unscored, reward 0, marked
+    ``info["unscored"]``. Without it they are refused with an error."""
 
     @model_validator(mode="before")
     @classmethod
     def _from_source(cls, value: Any) -> Any:
+        if isinstance(value, Path):
+            return {"source": str(value)}
+        if isinstance(value, dict) and isinstance(value.get("source"), Path):
+            return {**value, "source": str(value["source"])}
         return {"source": value} if isinstance(value, str) else value
+
+
+class EndpointSpec(_Model):
+    """One OpenAI-compatible inference engine. A plain string is short for ``{url: ...}``."""
+
+    url: str = Field(min_length=1)
+    """The API root, e.g. ``http://localhost:8000/v1``."""
+    capacity_tokens: PositiveInt | None = None
+    """KV-cache tokens the engine holds; unset: read from its vLLM ``/metrics``, else ``max_concurrency``."""
+    max_concurrency: PositiveInt = 64
+    """Requests in flight at once when the token capacity is unknown."""
+    metrics_url: str | None = None
+    """Its Prometheus metrics; default: the URL's root + ``/metrics`` (where vLLM serves them)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_url(cls, value: Any) -> Any:
+        return {"url": value} if isinstance(value, str) else value
+
+
+class InferenceConfig(_Model):
+    """Where ``rstar-env eval`` and ``chat`` generate when no local model is used: one or more endpoints, requests
+    dispatched by free KV capacity (``--endpoint`` on the command line replaces the list)."""
+
+    endpoints: list[EndpointSpec] = Field(default_factory=list)
+    served_model: str | None = None
 
 
 def _default_tools() -> list[PluginSpec]:
@@ -129,6 +180,7 @@ class RunConfig(_Model):
     reward: PluginSpec = Field(default_factory=lambda: PluginSpec(name="math"))
     sampler: PluginSpec = Field(default_factory=lambda: PluginSpec(name="roc"))
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
     trainer: dict[str, Any] = Field(default_factory=dict)
     """The trainer's own section (``backend: local | openrlhf`` and its settings), validated by that trainer."""
 
@@ -208,6 +260,35 @@ def load_config(
         env = env.model_dump(exclude_unset=True) if isinstance(env, EnvConfig) else dict(env or {})
         data["env"] = {**env, "preset": preset}
     try:
-        return RunConfig.model_validate(data)
+        cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_error_message(exc, f"invalid config {origin}:")) from None
+    check_plugins(cfg, origin)
+    return cfg
+
+
+def check_plugins(cfg: RunConfig, origin: str = "(config)") -> None:
+    """Check every plugin the config names against the registry, and its options against the plugin (its
+    ``options_model``, else its constructor), before anything is built or loaded. Raises :class:`ConfigError`
+    naming the key, the registered names and what is wrong."""
+    from rstar_env.plugins import PluginError, get_registry
+
+    registry = get_registry()
+    sections: list[tuple[str, Literal["tool", "reward", "sampler"], PluginSpec]] = [
+        *((f"tools[{i}]", "tool", spec) for i, spec in enumerate(cfg.tools)),
+        ("reward", "reward", cfg.reward),
+        ("sampler", "sampler", cfg.sampler),
+    ]
+    problems = []
+    for key, kind, spec in sections:
+        if spec.name not in registry.plugins(kind):
+            problems.append(f"{key}: unknown {kind} {spec.name!r}; registered {kind}s: {registry.known(kind)}")
+            continue
+        try:
+            registry.check_options(kind, spec.name, spec.options)
+        except PluginError as exc:
+            problems.append(f"{key}.options: {exc}")
+    if len(problems) == 1:
+        raise ConfigError(f"invalid config {origin}: {problems[0]}")
+    if problems:
+        raise ConfigError("\n  ".join([f"invalid config {origin}:", *problems]))

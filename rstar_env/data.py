@@ -6,7 +6,9 @@ Every source becomes a :class:`Dataset` of :class:`Problem` records ``{problem, 
     load_dataset("dapo-math-17k.parquet")                        # DAPO rows are recognised; see PRESETS
     load_dataset("hf:HuggingFaceH4/aime_2024", preset="aime")    # HF hub (needs ``datasets``)
     load_dataset("arithmetic:level=2,n=200,seed=0")             # generated offline, no download
-    load_dataset([{"question": "1+1?", "answer": "2"}])          # in memory
+    load_dataset([{"question": "1+1?", "answer": "2"}])          # in memory: a list of dicts
+    load_dataset(datasets.load_dataset("json", data_files=...))  # a datasets.Dataset / IterableDataset / DatasetDict
+    load_dataset("aime")                                         # a preset's own data (PRESETS; from the HF hub)
 
 Source syntax (a string; a :class:`os.PathLike` is always a file):
 
@@ -18,6 +20,12 @@ Source syntax (a string; a :class:`os.PathLike` is always a file):
   E.g. ``"arithmetic"``, ``"word:level=3"``, ``"gen:mix:level=mixed,n=5000,seed=7"``.
 * ``hf:NAME[:CONFIG]`` or a bare ``owner/name[:CONFIG]`` that is not an existing path: a HF hub dataset, loaded
   with ``datasets.load_dataset(NAME, CONFIG, split=split)``.
+* a preset name (``dapo``, ``aime``): that preset's hub dataset (:attr:`Preset.hub`), read with the preset.
+
+Rows without an answer are bad rows unless ``allow_unscored=True`` keeps them (answer ``None``: the env runs them
+unscored, reward 0, ``info["unscored"]``). A bad row (no problem, no answer, a line that is not JSON, ...) stops
+loading with an error that names it, or, with ``on_bad_row="skip"``, is skipped and counted:
+``dataset.stats["bad_rows"]`` and the reasons in ``dataset.bad_rows``.
 
 Ids are stable (the row's own id, or a hash of the normalised problem text; generated ids encode the spec and the
 index), so an evaluation can resume by skipping the ids it has finished. ``import rstar_env.data`` uses only the
@@ -29,10 +37,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 import math
 import os
 import random
 import re
+import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +76,7 @@ LevelSpec = int | str | tuple[int, int]
 """A generator difficulty: ``1``..``5``, ``"mixed"`` (uniform over 1..5), or an inclusive range ``(lo, hi)``
 (also written ``"lo-hi"``)."""
 
+_log = logging.getLogger("rstar_env.data")
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz", ".json.gz")
 _INSTALL_HINT = "pip install 'rstar-env[data]'"
 
@@ -79,10 +90,13 @@ class DataError(ValueError):
 
 @dataclass
 class Problem:
-    """One problem: the text the model is given, the reference answer, a stable id, and free-form metadata."""
+    """One problem: the text the model is given, the reference answer, a stable id, and free-form metadata.
+
+    ``answer`` is ``None`` only for rows kept unscored (``load_dataset(..., allow_unscored=True)``).
+    """
 
     problem: str
-    answer: str
+    answer: str | None
     id: str
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -101,7 +115,7 @@ class Problem:
             )
         return cls(
             problem=str(data["problem"]),
-            answer=str(data["answer"]),
+            answer=None if data["answer"] is None else str(data["answer"]),
             id=str(data["id"]),
             metadata=dict(data.get("metadata") or {}),
         )
@@ -110,13 +124,22 @@ class Problem:
 class Dataset(Sequence[Problem]):
     """An ordered, immutable list of problems. Indexing with a slice gives a :class:`Dataset`.
 
-    ``stats`` counts what loading saw: ``rows`` read, ``kept``, ``non_integer`` and ``duplicates`` dropped.
+    ``stats`` counts what loading saw: ``rows`` read, ``kept``, ``non_integer``, ``duplicates`` and ``bad_rows``
+    dropped; ``bad_rows`` lists why each bad row was skipped (``on_bad_row="skip"``).
     """
 
-    def __init__(self, problems: Iterable[Problem], *, name: str = "", stats: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        problems: Iterable[Problem],
+        *,
+        name: str = "",
+        stats: Mapping[str, int] | None = None,
+        bad_rows: Sequence[str] = (),
+    ):
         self._problems: list[Problem] = list(problems)
         self.name = name
         self.stats: dict[str, int] = dict(stats or {"rows": len(self._problems), "kept": len(self._problems)})
+        self.bad_rows: list[str] = list(bad_rows)
 
     def __len__(self) -> int:
         return len(self._problems)
@@ -334,13 +357,15 @@ class Preset:
     """Preprocessing for a known dataset format.
 
     ``fields`` are tried before :data:`DEFAULT_FIELDS`; ``transform(problem, row, where)`` returns the cleaned
-    problem (``where`` names the row, for error messages); ``detect(row)`` says whether ``preset="auto"`` applies it.
+    problem (``where`` names the row, for error messages); ``detect(row)`` says whether ``preset="auto"`` applies it;
+    ``hub`` is the HF hub dataset (``NAME[:CONFIG]``) that ``load_dataset(name)`` reads.
     """
 
     name: str
     fields: Mapping[str, tuple[str, ...]]
     transform: PresetTransform
     detect: Callable[[Mapping[str, Any]], bool] | None = None
+    hub: str | None = None
 
 
 # The exact wording varies between copies of DAPO-Math-17k ($Answer / $ANSWER / \boxed{$Answer}, with or without
@@ -385,7 +410,7 @@ def _dapo_transform(problem: Problem, row: Mapping[str, Any], where: str) -> Pro
     for key in ("data_source", "ability"):
         if key in row:
             meta[key] = row[key]
-    return Problem(text, problem.answer.strip(), problem.id, meta)
+    return Problem(text, None if problem.answer is None else problem.answer.strip(), problem.id, meta)
 
 
 _AIME_URL = re.compile(r"AIME_(I{1,2})_Problems/Problem_(\d+)")
@@ -414,6 +439,8 @@ def _aime_id(row: Mapping[str, Any]) -> str | None:
 
 
 def _aime_transform(problem: Problem, row: Mapping[str, Any], where: str) -> Problem:
+    if problem.answer is None:  # kept unscored (allow_unscored)
+        return Problem(problem.problem.strip(), None, _aime_id(row) or problem.id, dict(problem.metadata))
     value = integer_answer(problem.answer)
     if value is None or not 0 <= value <= 999:
         raise DataError(
@@ -436,11 +463,13 @@ PRESETS: dict[str, Preset] = {
         },
         transform=_dapo_transform,
         detect=_looks_like_dapo,
+        hub="BytedTsinghua-SIA/DAPO-Math-17k",
     ),
     "aime": Preset(
         name="aime",
         fields={"problem": ("problem", "Problem", "question", "Question"), "answer": ("answer", "Answer")},
         transform=_aime_transform,
+        hub="HuggingFaceH4/aime_2024",
     ),
 }
 """Built-in presets. ``dapo``: DAPO-Math-17k (verl parquet: chat ``prompt``, ``reward_model.ground_truth``,
@@ -449,7 +478,11 @@ PRESETS: dict[str, Preset] = {
 
 # ------------------------------------------------------------------------------------------------ readers
 
-RowStream = Iterator[tuple[str, Mapping[str, Any]]]
+class _BadRow(str):
+    """What a reader yields in place of a row it could not read (the reason), so loading can skip it."""
+
+
+RowStream = Iterator[tuple[str, Mapping[str, Any] | _BadRow]]
 
 
 def _open_text(path: Path) -> IO[str]:
@@ -467,9 +500,11 @@ def _read_jsonl(path: Path) -> RowStream:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                yield where, _BadRow(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
+                continue
             if not isinstance(row, Mapping):
-                raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}")
+                yield where, _BadRow(f"{where}: expected a JSON object per line, got {type(row).__name__}")
+                continue
             yield where, row
 
 
@@ -497,7 +532,8 @@ def _read_json(path: Path, split: str) -> RowStream:
     for i, row in enumerate(data):
         where = f"{path} item {i}"
         if not isinstance(row, Mapping):
-            raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+            yield where, _BadRow(f"{where}: expected an object, got {type(row).__name__}")
+            continue
         yield where, row
 
 
@@ -538,13 +574,36 @@ def _read_hf(name: str, config: str | None, split: str) -> RowStream:
         yield f"hub dataset {name} split {split} row {i}", row
 
 
-def _read_memory(rows: Sequence[Any]) -> RowStream:
+def _read_memory(rows: Iterable[Any], name: str = "") -> RowStream:
+    prefix = f"{name} " if name else ""
     for i, row in enumerate(rows):
         if isinstance(row, Problem):
             row = row.to_dict()
         if not isinstance(row, Mapping):
-            raise DataError(f"row {i}: expected a dict or Problem, got {type(row).__name__}")
-        yield f"row {i}", row
+            yield f"{prefix}row {i}", _BadRow(f"{prefix}row {i}: expected a dict or Problem, got {type(row).__name__}")
+            continue
+        yield f"{prefix}row {i}", row
+
+
+def _hf_object_rows(source: Any, split: str) -> tuple[str, RowStream] | None:
+    """Rows of a ``datasets`` object (``Dataset``, ``IterableDataset``, or a split of a ``DatasetDict``); ``None``
+    for anything else. ``datasets`` is never imported here: an object of it means the caller has imported it."""
+    hf = sys.modules.get("datasets")
+    kinds = {n: getattr(hf, n, None) for n in ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")}
+    kinds = {n: t for n, t in kinds.items() if isinstance(t, type)}
+    if not isinstance(source, tuple(kinds.values())):
+        return None
+    if isinstance(source, tuple(t for n, t in kinds.items() if n.endswith("Dict"))):
+        if split not in source:
+            raise DataError(
+                f"the {type(source).__name__} has no split {split!r}; its splits are {', '.join(source) or 'none'}: "
+                "pass split=... (dataset.split in a config)"
+            )
+        source = source[split]
+    info = getattr(source, "info", None)
+    label = getattr(info, "dataset_name", None)
+    name = f"datasets.{type(source).__name__}" + (f" {label}" if label else "")
+    return name, _read_memory(source, name)
 
 
 # --------------------------------------------------------------------------------------------- load_dataset
@@ -600,12 +659,18 @@ def _parse_level(value: Any, context: str) -> int | str | tuple[int, int]:
 
 
 def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Problem]]:
-    if isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+    hf_rows = _hf_object_rows(source, split)
+    if hf_rows is not None:
+        return hf_rows
+    if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
         return "memory", _read_memory(source)
     if isinstance(source, os.PathLike):
         return str(source), _read_file(Path(source), split)
     if not isinstance(source, str):
-        raise DataError(f"dataset source must be a path, a name or a list of dicts, got {type(source).__name__}")
+        raise DataError(
+            f"dataset source must be a path (str or Path), a generated-set spec, a preset or hub name, a list of "
+            f"dicts, or a datasets.Dataset / IterableDataset; got {type(source).__name__}"
+        )
     spec = parse_generated_spec(source)
     if spec is not None:
         problems = generate_problems(spec["n"], kind=spec["kind"], level=spec["level"], seed=spec["seed"])
@@ -616,12 +681,17 @@ def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Prob
     path = Path(source).expanduser()
     if source.lower().endswith(_FILE_SUFFIXES) or path.exists():
         return source, _read_file(path, split)
+    preset = PRESETS.get(source)
+    if preset is not None and preset.hub is not None:
+        name, _, config = preset.hub.partition(":")
+        return source, _read_hf(name, config or None, split)
     if "/" in source and not source.startswith((".", "/", "~")):
         name, _, config = source.partition(":")
         return source, _read_hf(name, config or None, split)
     raise DataError(
         f"unknown dataset source {source!r}: not an existing file, not a generated set ({', '.join(GENERATED_KINDS)}, "
-        "e.g. 'arithmetic:level=2,n=200'), and not a hub name ('owner/name' or 'hf:name')"
+        f"e.g. 'arithmetic:level=2,n=200'), not a preset ({', '.join(PRESETS)}), and not a hub name ('owner/name' or "
+        "'hf:name')"
     )
 
 
@@ -643,7 +713,9 @@ def _read_file(path: Path, split: str) -> RowStream:
     raise DataError(f"{path}: unsupported file type; use .jsonl, .json, .parquet (or .jsonl.gz / .json.gz)")
 
 
-def _extract(row: Mapping[str, Any], where: str, fields: Mapping[str, str], preset: Preset | None) -> Problem:
+def _extract(
+    row: Mapping[str, Any], where: str, fields: Mapping[str, str], preset: Preset | None, allow_unscored: bool = False
+) -> Problem:
     found: dict[str, Any] = {}
     used_top: set[str] = set()
     for name in ("problem", "answer", "id"):
@@ -659,15 +731,19 @@ def _extract(row: Mapping[str, Any], where: str, fields: Mapping[str, str], pres
             candidates = (*(preset.fields.get(name, ()) if preset else ()), *DEFAULT_FIELDS[name])
             key, value = next(((k, v) for k in candidates if (v := _lookup(row, k)) is not _MISSING), ("", _MISSING))
             if value is _MISSING:
-                if name == "id":
+                if name == "id" or (name == "answer" and allow_unscored):
                     continue
                 tried = ", ".join(dict.fromkeys(candidates))
+                hint = " (or allow_unscored=True to keep rows without one, unscored)" if name == "answer" else ""
                 raise DataError(
                     f"{where}: no {name} field (tried {tried}); its fields are: {_available(row)}. "
-                    f"Name the right one with fields={{{name!r}: '<key>'}}"
+                    f"Name the right one with fields={{{name!r}: '<key>'}}{hint}"
                 )
         if value is None or (name != "id" and isinstance(value, str) and not value.strip()):
-            raise DataError(f"{where}: the {name} field {key!r} is empty; fix or drop that row")
+            if name == "answer" and allow_unscored:
+                continue
+            hint = "; or allow_unscored=True keeps it, unscored" if name == "answer" else ""
+            raise DataError(f"{where}: the {name} field {key!r} is empty; fix or drop that row{hint}")
         found[name] = value
         used_top.add(key if key in row else key.split(".")[0])
     text = _problem_text(found["problem"])
@@ -678,7 +754,7 @@ def _extract(row: Mapping[str, Any], where: str, fields: Mapping[str, str], pres
         metadata.update(row["metadata"])
     problem = Problem(
         problem=text,
-        answer=_scalar_text(found["answer"]).strip(),
+        answer=_scalar_text(found["answer"]).strip() if "answer" in found else None,
         id=_scalar_text(found["id"]) if "id" in found else "",
         metadata=metadata,
     )
@@ -690,7 +766,7 @@ def _extract(row: Mapping[str, Any], where: str, fields: Mapping[str, str], pres
 
 
 def load_dataset(
-    source: str | os.PathLike[str] | Sequence[Mapping[str, Any] | Problem] | Dataset,
+    source: str | os.PathLike[str] | Iterable[Mapping[str, Any] | Problem] | Dataset | Any,
     *,
     split: str = "train",
     fields: Mapping[str, str] | None = None,
@@ -700,6 +776,8 @@ def load_dataset(
     limit: int | None = None,
     shuffle: bool = False,
     seed: int = 0,
+    on_bad_row: Literal["error", "skip"] = "error",
+    allow_unscored: bool = False,
 ) -> Dataset:
     """Load problems from ``source`` (see the module docstring for the syntax) as a :class:`Dataset`.
 
@@ -716,6 +794,15 @@ def load_dataset(
       again (the generator avoids repeats where the level allows), so their ``n`` is exact.
     - ``shuffle``/``seed``: shuffle deterministically before ``limit`` keeps the first ``limit`` problems.
 
+    - ``on_bad_row``: ``"error"`` (the default) stops at the first row that cannot be read, naming it;
+      ``"skip"`` skips such rows, counts them in ``stats["bad_rows"]``, keeps each reason in ``bad_rows`` and logs a
+      summary (logger ``rstar_env.data``).
+    - ``allow_unscored``: keep rows with no answer (missing, ``None`` or empty) with ``answer=None``; the env runs
+      them unscored. Without it such a row is a bad row.
+
+    ``source`` may also be a ``datasets.Dataset``, ``IterableDataset`` or ``DatasetDict`` (its ``split``), or any
+    iterable of dicts.
+
     Ids are made unique in order: a repeated id gets ``#2``, ``#3``, ... so resuming by id is safe.
 
     Raises ``FileNotFoundError`` for a missing file, ``ImportError`` naming the extra for a missing optional
@@ -726,6 +813,8 @@ def load_dataset(
         return source
     if limit is not None and limit < 0:
         raise DataError(f"limit must be >= 0 or None, got {limit}")
+    if on_bad_row not in ("error", "skip"):
+        raise DataError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     if fields is not None:
         unknown = set(fields) - {"problem", "answer", "id"}
         if unknown:
@@ -742,11 +831,14 @@ def load_dataset(
     else:
         raise DataError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}, 'auto' or None")
     auto = preset == "auto"
+    if auto and isinstance(source, str) and source in PRESETS and not Path(source).exists():
+        chosen, auto = PRESETS[source], False  # a preset's own data is read with that preset
 
     name, rows = _resolve_source(source, split)
     generated = isinstance(rows, list)
-    stats = {"rows": 0, "kept": 0, "non_integer": 0, "duplicates": 0}
+    stats = {"rows": 0, "kept": 0, "non_integer": 0, "duplicates": 0, "bad_rows": 0}
     kept: list[Problem] = []
+    bad: list[str] = []
     seen: set[str] = set()
     stop_early = limit is not None and not shuffle
 
@@ -756,11 +848,20 @@ def load_dataset(
         if generated:
             problem = item
         else:
-            row_preset = chosen
-            if auto and PRESETS["dapo"].detect is not None and PRESETS["dapo"].detect(item):
-                row_preset = PRESETS["dapo"]
-            problem = _extract(item, where, fields or {}, row_preset)
-        if integer_answers_only:
+            try:
+                if isinstance(item, _BadRow):
+                    raise DataError(str(item))
+                row_preset = chosen
+                if auto and PRESETS["dapo"].detect is not None and PRESETS["dapo"].detect(item):
+                    row_preset = PRESETS["dapo"]
+                problem = _extract(item, where, fields or {}, row_preset, allow_unscored)
+            except DataError as exc:
+                if on_bad_row == "error":
+                    raise DataError(f"{exc} (on_bad_row='skip' skips such rows and counts them)") from None
+                stats["bad_rows"] += 1
+                bad.append(str(exc))
+                continue
+        if integer_answers_only and problem.answer is not None:
             value = integer_answer(problem.answer)
             if value is None:
                 stats["non_integer"] += 1
@@ -784,12 +885,16 @@ def load_dataset(
         kept = kept[: max(limit, 0)]
     _make_ids_unique(kept)
     stats["kept"] = len(kept)
+    if bad:
+        shown = "; ".join(bad[:3]) + ("; ..." if len(bad) > 3 else "")
+        _log.warning("dataset %r: skipped %d bad row(s) of %d: %s", name, len(bad), stats["rows"], shown)
     if not kept and limit != 0:
         raise DataError(
             f"dataset {name!r} has no problems left: {stats['rows']} rows read, {stats['non_integer']} dropped as "
-            f"non-integer answers, {stats['duplicates']} as duplicates"
+            f"non-integer answers, {stats['duplicates']} as duplicates, {stats['bad_rows']} as bad rows"
+            + (f" (first: {bad[0]})" if bad else "")
         )
-    return Dataset(kept, name=name, stats=stats)
+    return Dataset(kept, name=name, stats=stats, bad_rows=bad)
 
 
 def _make_ids_unique(problems: list[Problem]) -> None:
@@ -1137,3 +1242,17 @@ def generate_problems(
         seen.add(text)
         problems.append(Problem(text, str(value), f"{kind}-L{tag}-s{seed}-{i:06d}", meta))
     return problems
+
+
+# ----------------------------------------------------------------------------------------- tool-use SFT data
+# Made by driving the env (sandbox, reward), so it lives in its own module and is imported on first use: this one
+# stays standard-library only.
+_SFT_NAMES = ("generate_tool_sft", "parse_tool_sft_spec", "sft_tokens", "SFTTokens")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SFT_NAMES:
+        from rstar_env import sft_data
+
+        return getattr(sft_data, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

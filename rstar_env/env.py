@@ -22,9 +22,17 @@ output is data: chat markers in it are neutralised, and with a tokenizer its ids
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import sys
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar, SupportsFloat
 
@@ -32,7 +40,7 @@ import gymnasium
 from pydantic import ValidationError
 
 from rstar_env import _aio
-from rstar_env.config import ConfigError, EnvConfig, PluginSpec, RunConfig, load_config
+from rstar_env.config import ConfigError, DatasetSpec, EnvConfig, PluginSpec, RunConfig, load_config
 from rstar_env.format import (
     DEFAULT_SYSTEM_PROMPT,
     ChatFormat,
@@ -42,8 +50,8 @@ from rstar_env.format import (
     parse_tool_calls,
     render_system_prompt,
 )
-from rstar_env.plugins import load_reward, load_tool
-from rstar_env.spaces import UnicodeText
+from rstar_env.plugins import check_tool, load_reward, load_tool
+from rstar_env.spaces import TokenAction, UnicodeText
 from rstar_env.special_tokens import SpecialTokens, encode_parts
 from rstar_env.tool import EpisodeContext, validate_arguments
 from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolResult, Trajectory, Turn
@@ -55,6 +63,13 @@ class RewardError(RuntimeError):
     """The verifier failed to judge an answer (it raised): the episode ends as an ``env_error``, unscored."""
 
 
+class RewardTimeout(RewardError):
+    """The verifier did not finish within ``env.reward_timeout_s``: an ``env_error`` whose error starts with
+    ``reward_timeout``."""
+
+
+
+
 class MathToolEnv(gymnasium.Env[str, str]):
     """A multi-turn math environment with tools, a verifier reward and a length budget.
 
@@ -62,12 +77,23 @@ class MathToolEnv(gymnasium.Env[str, str]):
         tools: tool names, ``{name, options}`` dicts, or tool instances (shared, not closed by this env).
         reward: a reward plugin name, ``{name, options}``, or an instance.
         max_turns: assistant turns per episode.
-        dataset: where ``reset()`` without options draws problems (a path, a generated-set spec, a dataset name).
+        dataset: where ``reset()`` without options draws problems: a path (``str`` or ``Path``), a generated-set
+            spec, a preset or hub name, a ``{source, ...}`` dict of dataset options, or the rows themselves (a list
+            of dicts, a ``datasets.Dataset`` / ``IterableDataset``, a :class:`~rstar_env.data.Dataset`), which are
+            read at once so a bad row fails here. See :func:`rstar_env.data.load_dataset`.
         config: a YAML path, dict or :class:`~rstar_env.config.RunConfig`; keyword arguments override it.
         tokenizer: counts tokens for ``length_unit: tokens`` and fills token ids in the trajectory.
         preset: a named bundle of settings laid under the others (``"rstar2"``: the reference implementation's
             episode, see :mod:`rstar_env.presets`).
+        max_episode_steps: cut an episode after this many steps as ``time_limit``, scored like ``max_turns``. A
+            gymnasium ``TimeLimit`` around the env (``gym.make(..., max_episode_steps=n)``) is found at ``reset``
+            and applied the same way, so the step it truncates is scored too.
         **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
+
+    Copies (``pickle``, ``copy.deepcopy``) keep the config, the loaded dataset and the random state, so the same seed
+    draws the same problem; tools and the verifier are rebuilt for the copy and start their sandboxes and workers on
+    first use, never sharing the original's. A running episode is not copied: call ``reset()`` on the copy.
+    An env that is dropped without ``close()`` releases its sandboxes and workers when it is garbage-collected.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"]}
@@ -83,14 +109,20 @@ class MathToolEnv(gymnasium.Env[str, str]):
         tokenizer: Any = None,
         render_mode: str | None = None,
         preset: str | None = None,
+        max_episode_steps: int | None = None,
         **env_options: Any,
     ) -> None:
+        if max_episode_steps is not None and (isinstance(max_episode_steps, bool) or max_episode_steps < 1):
+            raise ValueError(f"max_episode_steps must be a positive int or None, got {max_episode_steps!r}")
+        rows = None if _is_dataset_spec(dataset) else dataset  # the rows themselves, not where to find them
+        if isinstance(dataset, os.PathLike):
+            dataset = os.fspath(dataset)
         cfg = load_config(
             config,
             preset=preset,
             tools=None if tools is None else [t for t in tools if _is_spec(t)],
             reward=reward if _is_spec(reward) else None,
-            dataset=dataset,
+            dataset=None if rows is not None else dataset,
         )
         if max_turns is not None or env_options:
             overrides = {**env_options, **({"max_turns": max_turns} if max_turns is not None else {})}
@@ -104,18 +136,32 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self.tokenizer = tokenizer
         self.chat_format: ChatFormat = get_chat_format(cfg.env.chat_format)
 
+        self.max_episode_steps = max_episode_steps
+        self._wrapper_time_limit: int | None = None  # from a gymnasium TimeLimit found at the last reset()
+
         self._owned: list[Any] = []  # plugins this env built, and so closes
+        # The release of what the plugins hold must not depend on close(): a dropped env releases it when collected.
+        self._finalizer = weakref.finalize(self, _release_plugins, self._owned)
         self.tools: dict[str, Any] = {}
+        # How each tool and the reward were given (a spec, or a borrowed instance), for copies of this env.
+        self._tool_entries: list[Any] = []
         specs = iter(cfg.tools)  # validated, in the order given
         for entry in tools if tools is not None else cfg.tools:
             if _is_spec(entry):
                 spec = next(specs)
-                entry = self._own(load_tool(spec.name, **spec.options))
+                self._tool_entries.append(spec)
+                entry = self._own(_built(load_tool(spec.name, **spec.options), spec))
+            else:
+                check_tool(entry)  # a built instance is checked as a built-by-name one is
+                self._tool_entries.append(entry)
             if entry.name in self.tools:
                 raise ValueError(f"two tools are named {entry.name!r}; tool names must be unique in one env")
             self.tools[entry.name] = entry
+        self._reward_entry: Any = cfg.reward if _is_spec(reward) else reward
         self.reward_fn = (
-            self._own(load_reward(cfg.reward.name, **cfg.reward.options)) if _is_spec(reward) else reward
+            self._own(_built(load_reward(cfg.reward.name, **cfg.reward.options), cfg.reward))
+            if _is_spec(reward)
+            else reward
         )
 
         self.system_prompt = render_system_prompt(
@@ -127,13 +173,19 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self._dataset: Any = None
         self._trajectory: Trajectory | None = None
         self._episode: EpisodeContext | None = None
+        self._unscored = False  # this episode's row had no answer (allowed by dataset.allow_unscored)
         self._used = 0  # response length so far, in the length unit
         self._started = 0.0
         self._closed = False
+        if rows is not None:
+            self._dataset = self._load_dataset(rows)
+            label = self._dataset.name if self._dataset.name not in ("", "memory") else type(rows).__name__
+            cfg.dataset.source = f"(in memory: {label})"
 
     # -- gymnasium API -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset."""
+        self._wrapper_time_limit = _time_limit_around(self)
         return _aio.run_sync(self.areset(seed=seed, options=options))
 
     def step(
@@ -155,7 +207,53 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if self._closed:
             return
         self._closed = True
+        if _aio.on_background_loop():  # closed from a coroutine on the env's own loop: it cannot wait on itself
+            _aio.spawn_on_background(self.aclose())
+            return
         _aio.run_sync(self.aclose())
+
+    # -- copies ----------------------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # What defines the env travels; what holds processes, threads or loops (plugins, the episode) is rebuilt.
+        for entry in [*self._tool_entries, self._reward_entry]:
+            if _is_spec(entry):
+                continue
+            try:
+                pickle.dumps(entry)
+            except Exception as exc:
+                raise TypeError(
+                    f"cannot copy this MathToolEnv: the {getattr(entry, 'name', '?')!r} plugin was given as an "
+                    f"instance ({type(entry).__name__}), which cannot be pickled ({type(exc).__name__}: {exc}). "
+                    "Pass plugins by name or as {name, options} dicts, so each copy builds its own."
+                ) from exc
+        return {
+            "config": self.config,
+            "tools": list(self._tool_entries),
+            "reward": self._reward_entry,
+            "tokenizer": self.tokenizer,
+            "render_mode": self.render_mode,
+            "max_episode_steps": self.max_episode_steps,
+            "wrapper_time_limit": self._wrapper_time_limit,
+            "dataset": self._dataset,
+            "np_random": self._np_random,
+            "np_random_seed": self._np_random_seed,
+            "spec": self.spec,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            tools=state["tools"],
+            reward=state["reward"],
+            config=state["config"],
+            tokenizer=state["tokenizer"],
+            render_mode=state["render_mode"],
+            max_episode_steps=state["max_episode_steps"],
+        )
+        self._wrapper_time_limit = state["wrapper_time_limit"]
+        self._dataset = state["dataset"]
+        self._np_random = state["np_random"]
+        self._np_random_seed = state["np_random_seed"]
+        self.spec = state["spec"]
 
     # -- async API -------------------------------------------------------------------------------------------------
     async def areset(
@@ -164,19 +262,28 @@ class MathToolEnv(gymnasium.Env[str, str]):
         super().reset(seed=seed)
         await self._end_episode()
         row = dict(options) if options else self._draw()
-        if "problem" not in row or "answer" not in row:
+        problem, answer = row.get("problem"), row.get("answer")
+        if problem is None or not str(problem).strip():
             raise ValueError(
-                f"reset options need 'problem' and 'answer' (got keys {sorted(row)}); "
+                f"reset options need 'problem' and 'answer', with a non-empty problem (got keys {sorted(row)}); "
                 "pass options={'problem': ..., 'answer': ...} or configure a dataset"
             )
-        user = self.settings.user_template.replace("{problem}", str(row["problem"]))
+        self._unscored = answer is None or (isinstance(answer, str) and not answer.strip())
+        if self._unscored and not self.config.dataset.allow_unscored:
+            raise ValueError(
+                f"reset options have no answer to score against ('answer' is {answer!r}); pass "
+                "options={'problem': ..., 'answer': ...}, or build the env with dataset={'allow_unscored': True} "
+                "to run such episodes unscored (reward 0, info['unscored'] True)"
+            )
+        user = self.settings.user_template.replace("{problem}", str(problem))
         prompt = self.chat_format.render_prompt(self.system_prompt, user)
         self._trajectory = Trajectory(
-            problem=str(row["problem"]),
-            answer=str(row["answer"]),
+            problem=str(problem),
+            answer="" if self._unscored else str(answer),
             prompt=prompt,
             id=None if row.get("id") is None else str(row["id"]),
             prompt_token_ids=self._encode(prompt) if self.tokenizer is not None else None,
+            metadata={"unscored": True} if self._unscored else {},
         )
         self._episode = EpisodeContext(
             episode_id=uuid.uuid4().hex, problem=self._trajectory.problem, answer=self._trajectory.answer
@@ -193,9 +300,16 @@ class MathToolEnv(gymnasium.Env[str, str]):
         ``token_ids``/``logprobs``: what a token-level policy generated for ``action``; recorded in the turn and
         used for the length budget instead of re-tokenizing.
 
+        A :class:`~rstar_env.spaces.TokenAction` carries its own ``token_ids``/``logprobs``: that is how they pass
+        through gymnasium wrappers, whose ``step`` takes the action alone.
+
         Nothing in ``action`` makes this raise. A failure of the env itself, a tool plugin or the verifier ends
         this episode alone with ``end_reason == "env_error"``, unscored, the traceback in ``info["error"]``.
         """
+        if isinstance(action, TokenAction):
+            token_ids = _one_of(token_ids, action.token_ids, "token_ids")
+            logprobs = _one_of(logprobs, action.logprobs, "logprobs")
+            action = str(action)
         traj, episode = self._trajectory, self._episode
         if traj is not None and traj.done:
             raise gymnasium.error.ResetNeeded(f"the episode has ended ({traj.end_reason}); call reset()")
@@ -204,9 +318,16 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if not isinstance(action, str):
             raise TypeError(f"an action is the assistant's text (str), got {type(action).__name__}")
         try:
-            return await self._astep(action, token_ids, logprobs, traj, episode)
+            result = await self._astep(action, token_ids, logprobs, traj, episode)
+            limit = self.time_limit
+            if not traj.done and limit is not None and len(traj.turns) >= limit:
+                result = await self._finish("time_limit", await self._score(action))
+            return result
         except ConfigError:  # the caller's setup is wrong for every episode: say so, not one env_error each
             raise
+        except RewardTimeout as exc:
+            traj.end_reason = None
+            return await self.aabort("env_error", str(exc))
         except Exception:
             traj.end_reason = None  # the failure may have struck while the episode was being finished
             return await self.aabort("env_error", traceback.format_exc())
@@ -283,12 +404,17 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     async def aclose(self) -> None:
         await self._end_episode()
-        # A plugin that holds resources (a sandbox pool, verifier workers) releases them in `aclose()`.
-        for plugin in self._owned:
-            closer = getattr(plugin, "aclose", None)
-            if closer is not None:
-                await closer()
+        owned = list(self._owned)
         self._owned.clear()
+        self._finalizer.detach()
+        await _close_plugins(owned)
+
+    @property
+    def time_limit(self) -> int | None:
+        """Steps after which an episode ends as ``time_limit``: ``max_episode_steps``, or a gymnasium ``TimeLimit``
+        around the env (found at the last synchronous ``reset``), whichever is smaller; ``None`` for none."""
+        limits = [n for n in (self.max_episode_steps, self._wrapper_time_limit) if n is not None]
+        return min(limits) if limits else None
 
     @property
     def budget_left(self) -> int | None:
@@ -301,19 +427,44 @@ class MathToolEnv(gymnasium.Env[str, str]):
         """The live trajectory of the current episode (``info["trajectory"]`` is a snapshot of it)."""
         return self._trajectory
 
+    def tool_time_limit(self, tool: Any) -> float:
+        """Seconds one call of ``tool`` may take: ``env.tool_timeout_s``, or less when the tool asks for less with a
+        ``call_timeout_s`` attribute (a tool can only lower the env's bound, never raise it)."""
+        limit = self.settings.tool_timeout_s
+        own = getattr(tool, "call_timeout_s", None)
+        if isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
+            limit = min(limit, float(own))
+        return limit
+
+    @property
+    def settings_key(self) -> dict[str, str]:
+        """What produced this env's scores, recorded in each trajectory's ``metadata["settings"]``: the verifier's
+        name and a hash of its options, and a hash of the env settings and tools. A resumed evaluation reruns
+        records whose key differs from the current one."""
+        tools = [_fingerprint(entry) for entry in self._tool_entries]  # not cached: settings may be reassigned
+        return {
+            "verifier": str(getattr(self.reward_fn, "name", "?")),
+            "verifier_options": _digest(_fingerprint(self._reward_entry)),
+            "env": _digest({"env": self.settings.model_dump(mode="json"), "tools": tools}),
+        }
+
     # -- internals -------------------------------------------------------------------------------------------------
     def _own(self, plugin: Any) -> Any:
         self._owned.append(plugin)
         return plugin
 
+    def _load_dataset(self, source: Any) -> Any:
+        from rstar_env.data import load_dataset
+
+        spec = self.config.dataset
+        dataset = load_dataset(source, **spec.model_dump(exclude={"source"}))
+        if len(dataset) == 0:
+            raise ValueError(f"dataset {spec.source!r} has no problems")
+        return dataset
+
     def _draw(self) -> dict[str, Any]:
         if self._dataset is None:
-            from rstar_env.data import load_dataset
-
-            spec = self.config.dataset
-            self._dataset = load_dataset(spec.source, **spec.model_dump(exclude={"source"}))
-            if len(self._dataset) == 0:
-                raise ValueError(f"dataset {spec.source!r} has no problems")
+            self._dataset = self._load_dataset(self.config.dataset.source)
         row = self._dataset[int(self.np_random.integers(len(self._dataset)))]
         return row.to_dict() if hasattr(row, "to_dict") else dict(row)
 
@@ -330,10 +481,15 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if problem is not None:
             return bad(f"{parsed.name}: {problem}")
         start = time.perf_counter()
+        limit = self.tool_time_limit(tool)
         try:
-            result = await tool.call(parsed.arguments or {}, episode)
+            result = await _bounded(tool.call(parsed.arguments or {}, episode), limit)
             if not isinstance(result, ToolResult):
                 raise TypeError(f"{type(tool).__name__}.call returned {type(result).__name__}, not ToolResult")
+        except _TimedOut:
+            result = ToolResult(
+                f"Error: the {parsed.name} tool did not answer within {limit:g} s and was stopped.", "timeout"
+            )
         except Exception as exc:  # a buggy plugin must not end the episode: it is a crashed tool call
             result = ToolResult(f"Error: the {parsed.name} tool failed ({type(exc).__name__}: {exc})", "crash")
         if not result.duration_s:
@@ -349,12 +505,24 @@ class MathToolEnv(gymnasium.Env[str, str]):
     async def _score(self, action: str) -> RewardResult:
         traj = self._trajectory
         assert traj is not None
+        if self._unscored:  # no answer to judge against (allowed by dataset.allow_unscored)
+            return RewardResult(0.0, None, "unscored")
         if self.settings.scored_text == "all_actions":
             action = "\n".join(turn.action for turn in traj.turns)
+        limit = self.settings.reward_timeout_s
         try:
-            return await self.reward_fn.score(action, traj.answer)
+            result = await _bounded(self.reward_fn.score(action, traj.answer), limit)
+        except _TimedOut:
+            raise RewardTimeout(
+                f"reward_timeout: the {self.reward_fn.name!r} verifier did not finish within {limit:g} s "
+                "(env.reward_timeout_s); the episode is not scored"
+            ) from None
         except Exception as exc:  # a verifier that fails has not judged the answer: no score, an env_error
             raise RewardError(f"the {self.reward_fn.name!r} verifier raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(result, RewardResult):
+            raise RewardError(f"the {self.reward_fn.name!r} verifier returned {type(result).__name__}, "
+                              "not rstar_env.trajectory.RewardResult")
+        return result
 
     async def _finish(
         self, reason: str, result: RewardResult | None
@@ -368,6 +536,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
             traj.reward_result = result if result is not None else RewardResult(0.0, None, reason)
             traj.reward = float(traj.reward_result.reward)
         traj.duration_s = time.perf_counter() - self._started
+        traj.metadata["settings"] = self.settings_key
         info = self._info()
         await self._end_episode()
         return "", traj.reward, reason == "answer", reason != "answer", info
@@ -387,6 +556,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
         traj = self._trajectory
         assert traj is not None
         info = {"trajectory": traj.copy(), "turn": len(traj.turns), "end_reason": traj.end_reason}
+        if self._unscored:
+            info["unscored"] = True
         if traj.error is not None:
             info["error"] = traj.error
         return info
@@ -414,6 +585,121 @@ class MathToolEnv(gymnasium.Env[str, str]):
     def __repr__(self) -> str:
         tools, reward = list(self.tools), self.reward_fn.name
         return f"MathToolEnv(tools={tools}, reward={reward!r}, max_turns={self.settings.max_turns})"
+
+
+async def _close_plugins(plugins: list[Any]) -> None:
+    # A plugin that holds resources (a sandbox pool, verifier workers) releases them in `aclose()`.
+    for plugin in plugins:
+        closer = getattr(plugin, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+def _release_plugins(owned: list[Any]) -> None:
+    """Finalizer of a garbage-collected (or, at exit, still open) env: close the plugins it built."""
+    plugins = list(owned)
+    owned.clear()
+    if not plugins:
+        return
+    if getattr(weakref.finalize, "_shutdown", False) and not _aio.on_background_loop():
+        _aio.run_sync(_close_plugins(plugins))  # at interpreter exit: wait, the loop thread dies next
+    else:
+        # Collection can strike in any thread, even one holding a lock the closing needs: never wait here.
+        _aio.spawn_on_background(_close_plugins(plugins))
+
+
+def _time_limit_around(env: MathToolEnv) -> int | None:
+    """The ``max_episode_steps`` of a gymnasium ``TimeLimit`` that this ``reset`` came through, if any.
+
+    Gymnasium gives an env no way to learn about the wrappers around it, and ``make`` even records
+    ``max_episode_steps=None`` in the env's own spec; yet a step that ``TimeLimit`` truncates must be scored by the
+    env. So look at the callers: the wrapper chain's ``reset`` frames (and gymnasium's helpers between them).
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, gymnasium.wrappers.TimeLimit) and owner.unwrapped is env:
+            return int(owner._max_episode_steps)
+        if not (isinstance(owner, gymnasium.Env) or frame.f_globals.get("__name__", "").startswith("gymnasium")):
+            return None
+        frame = frame.f_back
+    return None
+
+
+class _TimedOut(Exception):
+    """A plugin call outlived its time limit."""
+
+
+async def _bounded(coro: Any, limit: float) -> Any:
+    """Await ``coro`` for at most ``limit`` seconds, else raise :class:`_TimedOut`.
+
+    The call runs as a task that is cancelled, not awaited, past the limit: a plugin that ignores cancellation
+    cannot hold the episode. A plugin that blocks the event loop (``time.sleep`` in ``async def``) cannot be
+    interrupted, but the result it returns late is still treated as a timeout, never as a valid one.
+    """
+    start = time.perf_counter()
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=limit)
+    except asyncio.CancelledError:  # the step itself was cancelled: so is the call it was waiting for
+        task.cancel()
+        task.add_done_callback(_swallow)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_swallow)
+        raise _TimedOut
+    if time.perf_counter() - start > limit:
+        task.add_done_callback(_swallow)
+        raise _TimedOut
+    return task.result()
+
+
+def _swallow(task: Any) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log "exception was never retrieved"
+
+
+_BUILT_FROM: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""The spec each plugin instance an env built came from, so an env that borrows it (a vector env's sub-envs) has
+the same settings key as the env that built it."""
+
+
+def _built(instance: Any, spec: PluginSpec) -> Any:
+    with contextlib.suppress(TypeError):  # not weak-referenceable or not hashable: fingerprinted as an instance
+        _BUILT_FROM[instance] = _fingerprint(spec)
+    return instance
+
+
+def _fingerprint(entry: Any) -> Any:
+    """A plugin as given (a spec, or an instance), as JSON: its name and options (an instance not built from a
+    spec: its class and public attributes of plain types)."""
+    if isinstance(entry, PluginSpec):
+        return {"name": entry.name, "options": entry.options}
+    with contextlib.suppress(TypeError):
+        if entry in _BUILT_FROM:
+            return _BUILT_FROM[entry]
+    plain = {k: v for k, v in sorted(vars(entry).items()) if not k.startswith("_")
+             and isinstance(v, str | int | float | bool | type(None))} if hasattr(entry, "__dict__") else {}
+    return {"name": getattr(entry, "name", "?"), "class": f"{type(entry).__module__}.{type(entry).__qualname__}",
+            "options": plain}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def _one_of(given: Any, carried: Any, name: str) -> Any:
+    if given is None:
+        return carried
+    if carried is not None and list(given) != list(carried):
+        raise ValueError(f"{name} were passed both to step() and inside the TokenAction, and differ; pass them once")
+    return given
+
+
+def _is_dataset_spec(value: Any) -> bool:
+    """Where to find problems (``None``, a path, a name, dataset options), rather than the problems themselves."""
+    return value is None or isinstance(value, str | os.PathLike | dict | DatasetSpec)
 
 
 def _is_spec(value: Any) -> bool:

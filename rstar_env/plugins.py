@@ -17,17 +17,24 @@ naming that module under the ``rstar_env`` entry-point group::
 or at run time, with ``register(MyTool)`` (a plugin class) or ``register(module_or_object_with_hookimpls)``.
 Built-in plugins are registered through the same entry-point group, so they have no privilege a user's lack.
 Then ``load_tool("my_tool", **options)`` builds an instance, as the env does for ``tools=["my_tool"]``.
+
+Each entry point is loaded in isolation: one that fails is skipped with a :class:`PluginLoadWarning` and listed
+by :func:`failed_plugins`. A plugin class may declare ``options_model`` (a pydantic model of its options), which
+validates a config's options when it loads; a tool's schema is checked when the tool is built.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import pluggy
+from pydantic import BaseModel, ValidationError
 
 PROJECT = "rstar_env"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -69,6 +76,10 @@ class PluginError(LookupError):
     """A plugin cannot be found, loaded or built; the message says what is registered and how to fix it."""
 
 
+class PluginLoadWarning(UserWarning):
+    """An installed plugin failed to import or register and was skipped (the others keep working)."""
+
+
 @dataclass(frozen=True)
 class PluginInfo:
     kind: PluginKind
@@ -76,6 +87,19 @@ class PluginInfo:
     cls: type
     source: str
     """The distribution that provides it (entry point), or ``runtime`` for ``register()``."""
+
+
+@dataclass(frozen=True)
+class FailedPlugin:
+    """An entry point that was skipped: it failed to import, or what it registers is invalid."""
+
+    distribution: str
+    entry_point: str
+    """``name = module`` as written in the distribution's ``[project.entry-points.rstar_env]``."""
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.distribution}: entry point {self.entry_point!r} skipped: {self.error}"
 
 
 class _ClassPlugin:
@@ -88,22 +112,107 @@ class _ClassPlugin:
 
 
 class PluginRegistry:
-    """Owns a pluggy ``PluginManager`` and the name -> class tables derived from it."""
+    """Owns a pluggy ``PluginManager`` and the name -> class tables derived from it.
+
+    Each entry point is loaded on its own: one that fails to import, defines a hook that does not exist, or
+    provides an invalid plugin (no name, a name already taken) is skipped with one :class:`PluginLoadWarning` and
+    listed in :attr:`failed`; every other plugin keeps working.
+    """
 
     def __init__(self, *, load_entrypoints: bool = True) -> None:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(PluginSpecs)
-        self._sources: dict[int, str] = {}
-        self._table: dict[PluginKind, dict[str, PluginInfo]] | None = None
+        self.failed: list[FailedPlugin] = []
+        # Registered plugin objects in order, with where each came from and the infos it provides.
+        self._entries: list[tuple[Any, str, list[PluginInfo]]] = []
         self._lock = threading.RLock()
         if load_entrypoints:
-            self.pm.load_setuptools_entrypoints(PROJECT)
-            for plugin, dist in self.pm.list_plugin_distinfo():
-                self._sources[id(plugin)] = dist.project_name
+            self._load_entrypoints()
+
+    def _load_entrypoints(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        for ep in importlib.metadata.entry_points(group=PROJECT):
+            if (ep.name, ep.value) in seen:  # one distribution seen twice on sys.path (an editable install, ...)
+                continue
+            seen.add((ep.name, ep.value))
+            dist = ep.dist.name if ep.dist is not None else "(unknown distribution)"
+            where = f"{ep.name} = {ep.value}"
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # an import may raise anything, SystemExit included: isolate it
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self._skip(FailedPlugin(dist, where, f"import failed: {type(exc).__name__}: {exc}"))
+                continue
+            if self.pm.get_plugin(ep.name) is not None:
+                self._skip(FailedPlugin(dist, where, f"another entry point is already named {ep.name!r}"))
+                continue
+            try:
+                self._add(plugin, dist, name=ep.name)
+            except PluginError as exc:
+                self._skip(FailedPlugin(dist, where, str(exc)))
+
+    def _skip(self, failure: FailedPlugin) -> None:
+        self.failed.append(failure)
+        warnings.warn(f"rstar_env plugin {failure}", PluginLoadWarning, stacklevel=4)
+
+    def _add(self, plugin: Any, source: str, name: str | None = None) -> None:
+        """Register ``plugin`` with pluggy and add what it provides to the tables, or undo it and raise."""
+        try:
+            self.pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            raise PluginError(f"pluggy refused it: {exc}") from exc
+        try:
+            infos = self._provided(plugin, source)
+            self._check_clashes(infos)
+        except BaseException:
+            self.pm.unregister(plugin)
+            raise
+        self._entries.append((plugin, source, infos))
+
+    def _provided(self, plugin: Any, source: str) -> list[PluginInfo]:
+        hooks = {caller.name for caller in self.pm.get_hookcallers(plugin) or ()}
+        unknown = sorted(hooks - set(_HOOKS.values()))
+        if unknown:
+            raise PluginError(f"it implements {', '.join(unknown)}, which is no rstar_env hook (the hooks are "
+                              f"{', '.join(_HOOKS.values())})")
+        if not hooks:
+            raise PluginError(f"it implements no rstar_env hook (mark {', '.join(_HOOKS.values())} with "
+                              "rstar_env.plugins.hookimpl)")
+        infos: list[PluginInfo] = []
+        for kind, hook_name in _HOOKS.items():
+            if hook_name not in hooks:
+                continue
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                if impl.plugin is not plugin:
+                    continue
+                try:
+                    classes = impl.function()
+                except Exception as exc:
+                    raise PluginError(f"its {hook_name}() raised {type(exc).__name__}: {exc}") from exc
+                if classes is None:
+                    classes = []
+                if isinstance(classes, str | bytes | dict | type) or not isinstance(classes, list | tuple | set):
+                    raise PluginError(f"its {hook_name}() must return a list of plugin classes, got {classes!r}")
+                for cls in classes or ():
+                    infos.append(PluginInfo(kind, _checked_name(cls, kind, source), cls, source))
+        return infos
+
+    def _check_clashes(self, infos: list[PluginInfo]) -> None:
+        taken = {(i.kind, i.name): i for _, _, known in self._entries for i in known}
+        for info in infos:
+            known = taken.get((info.kind, info.name))
+            if known is not None and known.cls is not info.cls:
+                raise PluginError(
+                    f"two {info.kind} plugins are named {info.name!r}: {_qualname(known.cls)} from {known.source} "
+                    f"and {_qualname(info.cls)} from {info.source}; rename one (plugin names must be unique)"
+                )
+            taken[(info.kind, info.name)] = info
 
     def register(self, obj: Any, name: str | None = None) -> Any:
         """Register a plugin class (kind told by its ``call``/``score``/``select`` method) or an object or module
-        with hookimpls. Registering the same object twice is a no-op. Returns ``obj``, so it works as a decorator."""
+        with hookimpls. Registering the same object twice is a no-op. Returns ``obj``, so it works as a decorator.
+        Raises :class:`PluginError` (and registers nothing) when what it provides is invalid."""
         with self._lock:
             if inspect.isclass(obj) and not any(hasattr(obj, h) for h in _HOOKS.values()):
                 kind = _kind_of_class(obj)
@@ -114,66 +223,106 @@ class PluginRegistry:
                 if self.pm.is_registered(obj):
                     return obj
                 plugin = obj
-            self.pm.register(plugin, name=name)
-            self._sources[id(plugin)] = "runtime"
-            try:
-                self._table = self._collect()
-            except PluginError:
-                self.pm.unregister(plugin)
-                self._table = None
-                raise
+            self._add(plugin, "runtime", name=name)
             return obj
 
     def unregister(self, obj: Any) -> None:
         """Undo ``register(obj)`` (for tests and interactive sessions)."""
         with self._lock:
-            for plugin in self.pm.get_plugins():
+            for plugin, source, infos in list(self._entries):
                 if plugin is obj or (isinstance(plugin, _ClassPlugin) and plugin.cls is obj):
                     self.pm.unregister(plugin)
-            self._table = None
+                    self._entries.remove((plugin, source, infos))
 
     def plugins(self, kind: PluginKind) -> dict[str, PluginInfo]:
         with self._lock:
-            if self._table is None:
-                self._table = self._collect()
-            return dict(self._table[kind])
+            return {i.name: i for _, _, infos in self._entries for i in infos if i.kind == kind}
 
     def get(self, kind: PluginKind, name: str) -> type:
         table = self.plugins(kind)
         if name not in table:
-            known = ", ".join(f"{n} (from {i.source})" for n, i in sorted(table.items())) or "none"
-            raise PluginError(
-                f"unknown {kind} {name!r}; registered {kind}s: {known}. Register one with "
-                f"rstar_env.plugins.register(MyClass) or an [project.entry-points.rstar_env] entry in its package."
-            )
+            raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {self.known(kind)}. Register one with "
+                              "rstar_env.plugins.register(MyClass) or an [project.entry-points.rstar_env] entry in "
+                              f"its package{self._failed_note()}.")
         return table[name].cls
 
-    def build(self, kind: PluginKind, name: str, options: dict[str, Any]) -> Any:
+    def known(self, kind: PluginKind) -> str:
+        """The registered names of ``kind`` and where each comes from, for error messages."""
+        table = self.plugins(kind)
+        return ", ".join(f"{n} (from {i.source})" for n, i in sorted(table.items())) or "none"
+
+    def _failed_note(self) -> str:
+        if not self.failed:
+            return ""
+        return "; some installed plugins failed to load (rstar-env plugins lists them): " + "; ".join(
+            f"{f.distribution} ({f.entry_point})" for f in self.failed
+        )
+
+    def check_options(self, kind: PluginKind, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments to build plugin ``name`` with, from a config's ``options``.
+
+        A plugin class may declare ``options_model``, a pydantic model of its options: they are validated by it
+        (unknown keys refused) and the constructor gets every field of the model. Without one, ``options`` must
+        bind to the constructor's signature. Raises :class:`PluginError` naming the plugin and what is wrong.
+        """
         cls = self.get(kind, name)
+        label = f"{kind} {name!r} ({_qualname(cls)})"
+        if not isinstance(options, dict):
+            raise PluginError(f"{label}: options must be a mapping, got {type(options).__name__}")
+        model = getattr(cls, "options_model", None)
+        if model is not None:
+            if not (inspect.isclass(model) and issubclass(model, BaseModel)):
+                raise PluginError(f"{label}: options_model must be a pydantic BaseModel subclass, got {model!r}")
+            unknown = sorted(set(options) - set(model.model_fields))
+            if unknown:
+                raise PluginError(f"{label} has no option(s) {', '.join(map(repr, unknown))}; its options are: "
+                                  f"{', '.join(model.model_fields) or 'none'}")
+            try:
+                validated = model.model_validate(options)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
+                    for e in exc.errors()
+                )
+                raise PluginError(f"{label} rejects its options: {problems}") from None
+            options = {field: getattr(validated, field) for field in model.model_fields}
         try:
             inspect.signature(cls).bind(**options)
         except TypeError as exc:
-            raise PluginError(f"{kind} {name!r} ({cls.__module__}.{cls.__qualname__}) rejects options "
-                              f"{sorted(options)}: {exc}") from exc
-        return cls(**options)
+            raise PluginError(f"{label} rejects options {sorted(options)}: {exc}") from exc
+        return options
 
-    def _collect(self) -> dict[PluginKind, dict[str, PluginInfo]]:
-        table: dict[PluginKind, dict[str, PluginInfo]] = {kind: {} for kind in _HOOKS}
-        for kind, hook_name in _HOOKS.items():
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                source = self._sources.get(id(impl.plugin), impl.plugin_name)
-                for cls in impl.function() or ():
-                    name = getattr(cls, "name", None)
-                    if not isinstance(name, str) or not name:
-                        raise PluginError(f"{kind} plugin {cls!r} from {source} has no string `name` attribute")
-                    known = table[kind].get(name)
-                    if known is not None and known.cls is not cls:
-                        raise PluginError(
-                            f"two {kind} plugins are named {name!r}: {_qualname(known.cls)} from {known.source} "
-                            f"and {_qualname(cls)} from {source}; rename one (plugin names must be unique)"
-                        )
-                    table[kind][name] = PluginInfo(kind, name, cls, source)
-        return table
+    def build(self, kind: PluginKind, name: str, options: dict[str, Any]) -> Any:
+        """An instance of plugin ``name`` built with ``options`` (see :meth:`check_options`); a tool's schema is
+        checked (:func:`check_tool`)."""
+        cls = self.get(kind, name)
+        instance = cls(**self.check_options(kind, name, options))
+        if kind == "tool":
+            check_tool(instance)
+        return instance
+
+
+def check_tool(tool: Any) -> None:
+    """Refuse a tool whose ``schema`` is not a valid OpenAI function tool named as the tool (a
+    :class:`PluginError` that names it and says what is wrong)."""
+    from rstar_env.tool import schema_problem
+
+    name = getattr(tool, "name", None)
+    problem = schema_problem(getattr(tool, "schema", None), name)
+    if problem is not None:
+        raise PluginError(f"tool {name!r} ({_qualname(type(tool))}) has an invalid schema: {problem}")
+
+
+def _checked_name(cls: Any, kind: PluginKind, source: str) -> str:
+    name = getattr(cls, "name", None)
+    if not inspect.isclass(cls):
+        raise PluginError(f"{kind} plugin {cls!r} from {source} is not a class (hooks return plugin classes)")
+    if not isinstance(name, str) or not name:
+        raise PluginError(f"{kind} plugin {cls!r} from {source} has no string `name` attribute")
+    method = _SIGNATURE_METHOD[kind]
+    if not callable(getattr(cls, method, None)):
+        raise PluginError(f"{kind} plugin {_qualname(cls)} ({name!r}) from {source} has no `{method}` method")
+    return name
 
 
 def _qualname(cls: type) -> str:
@@ -218,6 +367,11 @@ def list_plugins(kind: PluginKind | None = None) -> list[PluginInfo]:
     return [info for k in kinds for info in sorted(registry.plugins(k).values(), key=lambda i: i.name)]
 
 
+def failed_plugins() -> list[FailedPlugin]:
+    """Installed entry points that were skipped because they failed to load (see :class:`FailedPlugin`)."""
+    return list(get_registry().failed)
+
+
 def load_tool(name: str, **options: Any) -> Any:
     """Build the tool plugin called ``name`` with ``options`` (e.g. ``load_tool("python", stateful=True)``)."""
     return get_registry().build("tool", name, options)
@@ -234,10 +388,14 @@ def load_sampler(name: str, **options: Any) -> Any:
 
 
 __all__ = [
+    "FailedPlugin",
     "PluginError",
     "PluginInfo",
+    "PluginLoadWarning",
     "PluginRegistry",
     "PluginSpecs",
+    "check_tool",
+    "failed_plugins",
     "get_registry",
     "hookimpl",
     "hookspec",

@@ -3,8 +3,10 @@
 A reward plugin is a class with ``name`` and ``async def score(response: str, answer: str) -> RewardResult``.
 ``response`` is the episode's final assistant action; the plugin extracts the answer from it itself (so a plugin
 can define its own answer format). Scoring must be bounded in time and memory from any thread: a pathological
-input costs at most the plugin's timeout and scores 0 with ``reason="timeout"``. A plugin may also offer
-``async def score_batch(pairs) -> list[RewardResult]`` for trainers; :func:`score_many` uses it when present.
+input costs at most the plugin's timeout and scores 0 with ``reason="timeout"``. The env also bounds every scoring
+by ``env.reward_timeout_s``: past it, or when ``score`` raises, the episode ends unscored as ``env_error``.
+A plugin may also offer ``async def score_batch(pairs) -> list[RewardResult]`` for trainers; :func:`score_many`
+uses it when present.
 """
 
 from __future__ import annotations

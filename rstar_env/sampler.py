@@ -1,14 +1,15 @@
 """The group-sampler contract: which of a prompt's rollouts are trained on.
 
 A sampler plugin is a class with ``name`` and ``def select(group, keep, rng) -> list[int] | None``: the indices of
-the ``keep`` trajectories to train on, or ``None`` to drop the whole group. Samplers read only the summary
+the ``keep`` trajectories to train on, or ``None`` (or ``[]``) to drop the whole group. Trainers call it through
+:func:`checked_select`, which refuses anything else. Samplers read only the summary
 attributes in :class:`TrajectorySummary`, so a trainer's own records work as long as they carry them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,3 +41,43 @@ class Sampler(Protocol):
     def select(
         self, group: Sequence[TrajectorySummary], keep: int, rng: np.random.Generator
     ) -> list[int] | None: ...
+
+
+class SamplerError(ValueError):
+    """A sampler returned something other than ``keep`` distinct in-range indices or a drop."""
+
+
+def checked_select(sampler: Any, group: Sequence[Any], keep: int, rng: np.random.Generator) -> list[int] | None:
+    """``sampler.select(group, keep, rng)``, validated: the one place both trainers call a sampler through.
+
+    Returns exactly ``keep`` distinct indices into ``group`` (as ``int``, in the sampler's order), or ``None`` when
+    the sampler drops the group (it returned ``None`` or an empty list). Anything else raises
+    :class:`SamplerError` naming the sampler and what it returned, at the first group it happens in.
+    """
+    name = getattr(sampler, "name", type(sampler).__name__)
+    chosen = sampler.select(group, keep, rng)
+    if chosen is None:
+        return None
+    shown = repr(chosen) if len(repr(chosen)) <= 200 else repr(chosen)[:200] + "..."
+
+    def fail(why: str) -> SamplerError:
+        return SamplerError(
+            f"sampler {name!r} returned {shown} for a group of {len(group)} with keep={keep}: {why}. A sampler "
+            f"returns exactly keep distinct indices in range({len(group)}), or None (or []) to drop the group"
+        )
+
+    if isinstance(chosen, str | bytes | dict) or not isinstance(chosen, Iterable):
+        raise fail("not a list of indices")
+    indices = list(chosen)
+    if not indices:
+        return None
+    if not all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in indices):
+        raise fail("an index is not an integer")
+    if len(indices) != keep:
+        raise fail(f"{len(indices)} indices, not {keep}")
+    if len(set(indices)) != len(indices):
+        raise fail("an index is repeated")
+    outside = [int(i) for i in indices if not 0 <= i < len(group)]
+    if outside:
+        raise fail(f"index {outside[0]} is out of range")
+    return [int(i) for i in indices]

@@ -11,17 +11,25 @@ Build actions, play a scripted episode, assert on the Trajectory::
         assert traj.turns[0].tool_calls[0].result.text == "42"
 
 Nothing here needs a model: a scripted policy is a list of action strings (or a function of the last
-observation), which is what an env-level test wants.
+observation), which is what an env-level test wants. Verifiers and samplers are tested without an env::
+
+    from rstar_env.testing import make_group, score, select
+
+    assert score("my_verifier", "<answer>\\boxed{42}</answer>", "42").reward == 1.0
+    assert select("my_sampler", make_group([1, 1, 0, 0], turns=[1, 3, 2, 2]), keep=2) == [0, 2]
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rstar_env.format import format_tool_call
-from rstar_env.trajectory import Trajectory
+from rstar_env.trajectory import RewardResult, Trajectory
 
 ScriptStep = str | Callable[[str], str]
 """An action, or a function from the last observation to the action (to react to tool output)."""
@@ -100,6 +108,73 @@ def assert_tool_errors(trajectory: Trajectory, expected: dict[str, int]) -> None
         raise AssertionError(f"tool errors {got} != expected {expected}; calls: {json.dumps(calls)}")
 
 
+# -- verifiers and samplers -------------------------------------------------------------------------------------
+def score(verifier: Any, response: str, gold: str, **options: Any) -> RewardResult:
+    """Score ``response`` against the gold answer with ``verifier`` (an instance, or a registered name built with
+    ``options``), synchronously, checking that it returns a :class:`~rstar_env.trajectory.RewardResult`."""
+    from rstar_env import _aio
+    from rstar_env.plugins import load_reward
+
+    plugin = load_reward(verifier, **options) if isinstance(verifier, str) else verifier
+    try:
+        result = _aio.run_sync(plugin.score(response, gold))
+    finally:
+        if isinstance(verifier, str) and hasattr(plugin, "aclose"):
+            _aio.run_sync(plugin.aclose())
+    if not isinstance(result, RewardResult):
+        raise AssertionError(f"{plugin.name!r}.score returned {type(result).__name__}, not RewardResult")
+    return result
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a sampler sees of one trajectory (:class:`~rstar_env.sampler.TrajectorySummary`), built directly."""
+
+    reward: float = 0.0
+    num_tool_calls: int = 1
+    num_tool_errors: int = 0
+    num_answer_blocks: int = 1
+    num_assistant_turns: int = 1
+
+
+def make_group(
+    rewards: Sequence[float],
+    *,
+    tool_calls: int | Sequence[int] = 1,
+    tool_errors: int | Sequence[int] = 0,
+    answer_blocks: int | Sequence[int] = 1,
+    turns: int | Sequence[int] = 1,
+) -> list[Summary]:
+    """A group of summaries, one per reward; each other field is one value for all or a sequence, one per item::
+
+        make_group([1, 1, 0, 0], tool_errors=[0, 2, 0, 1], turns=3)
+    """
+    n = len(rewards)
+
+    def each(value: int | Sequence[int], field: str) -> list[int]:
+        if isinstance(value, int):
+            return [value] * n
+        if len(value) != n:
+            raise ValueError(f"{field} has {len(value)} values for {n} rewards")
+        return list(value)
+
+    columns = zip(
+        rewards, each(tool_calls, "tool_calls"), each(tool_errors, "tool_errors"),
+        each(answer_blocks, "answer_blocks"), each(turns, "turns"), strict=True,
+    )
+    return [Summary(float(r), c, e, b, t) for r, c, e, b, t in columns]
+
+
+def select(sampler: Any, group: Sequence[Any], keep: int, *, seed: int = 0, **options: Any) -> list[int] | None:
+    """Run ``sampler`` (an instance, or a registered name built with ``options``) on ``group`` as the trainers do:
+    its output validated by :func:`~rstar_env.sampler.checked_select` (``None`` when it drops the group)."""
+    from rstar_env.plugins import load_sampler
+    from rstar_env.sampler import checked_select
+
+    plugin = load_sampler(sampler, **options) if isinstance(sampler, str) else sampler
+    return checked_select(plugin, group, keep, np.random.default_rng(seed))
+
+
 def make_env(**options: Any) -> Any:
     """``MathToolEnv`` unwrapped (no gymnasium wrappers), for tests that need ``astep``."""
     from rstar_env.env import MathToolEnv
@@ -131,4 +206,17 @@ if pytest is not None:
             env.close()
 
 
-__all__ = ["answer", "aplay", "assert_tool_errors", "make_env", "play", "python_call", "raw_tool_call", "tool_call"]
+__all__ = [
+    "Summary",
+    "answer",
+    "aplay",
+    "assert_tool_errors",
+    "make_env",
+    "make_group",
+    "play",
+    "python_call",
+    "raw_tool_call",
+    "score",
+    "select",
+    "tool_call",
+]

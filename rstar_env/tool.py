@@ -5,11 +5,14 @@ ToolResult`` and ``async def close(episode)``. One tool instance serves many epi
 per-episode state is keyed by ``episode.episode_id``, and ``close(episode)`` is where it is released.
 
 Raising from ``call`` is allowed but discouraged: the environment turns an exception into a ``crash`` tool
-result, so a buggy plugin cannot end an episode.
+result, so a buggy plugin cannot end an episode. Every call runs under the env's ``tool_timeout_s``; a tool may ask
+for less with a ``call_timeout_s`` attribute. Past it the call is cancelled and answered with a ``timeout`` error.
+The ``schema`` is checked when the tool is built (:func:`schema_problem`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -88,4 +91,42 @@ def validate_arguments(schema: dict[str, Any], arguments: dict[str, Any]) -> str
         )
         if not ok:
             return f"argument {key!r} must be of type {' or '.join(kinds)}, got {type(value).__name__}"
+    return None
+
+
+def schema_problem(schema: Any, name: Any) -> str | None:
+    """What is wrong with tool ``name``'s ``schema`` as an OpenAI function tool, or ``None`` when it is valid.
+
+    Checked: the ``{"type": "function", "function": {...}}`` shape, the function's ``name`` equal to the plugin's,
+    ``parameters`` a JSON Schema object (``type: object``, ``properties`` a mapping of schemas), every ``required``
+    name a property, and the whole schema JSON-serialisable (it is shown to the model).
+    """
+    if not isinstance(schema, dict):
+        return (f"schema must be a dict (an OpenAI function tool, e.g. from rstar_env.tool.function_schema), "
+                f"got {type(schema).__name__}")
+    if schema.get("type") != "function":
+        return f"schema['type'] must be 'function', got {schema.get('type')!r}"
+    function = schema.get("function")
+    if not isinstance(function, dict):
+        return "schema has no 'function' mapping (the OpenAI shape is {'type': 'function', 'function': {...}})"
+    if function.get("name") != name:
+        return f"schema['function']['name'] is {function.get('name')!r}, but the plugin's name is {name!r}"
+    if not isinstance(function.get("description", ""), str):
+        return "schema['function']['description'] must be a string"
+    params = function.get("parameters")
+    if not isinstance(params, dict) or params.get("type") != "object":
+        return "schema['function']['parameters'] must be a JSON Schema object ({'type': 'object', 'properties': ...})"
+    properties = params.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+        return "schema['function']['parameters']['properties'] must map each argument name to a JSON Schema (dict)"
+    required = params.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        return "schema['function']['parameters']['required'] must be a list of argument names"
+    missing = [r for r in required if r not in properties]
+    if missing:
+        return f"required argument(s) {', '.join(map(repr, missing))} are not among the properties {list(properties)}"
+    try:
+        json.dumps(schema)
+    except (TypeError, ValueError) as exc:
+        return f"schema is not JSON-serialisable ({exc})"
     return None

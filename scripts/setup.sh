@@ -26,6 +26,11 @@ if [[ $dev -eq 1 ]]; then
     # CPU with vllm/flash_attn stubbed, as OpenRLHF's own tests do, so only what those code paths import.
     pip_install --no-deps "openrlhf==0.11.2"
     pip_install "pylatexenc==2.11" "aiohttp==3.14.5"
+    # OpenRLHF's real train_ppo_ray on the CPU (tests/test_openrlhf_e2e.py): DeepSpeed (its cpu accelerator) and
+    # what OpenRLHF's trainer modules import. The tested set is scripts/openrlhf-constraints.txt.
+    pip_install "deepspeed==0.19.6" "peft==0.18.1" "torchdata==0.11.0"
+    # The example plugin package: its tests (examples/tests) run with the suite, through its real entry point.
+    pip_install --no-deps -e ./examples
 else
     pip_install -e ".[local]"
 fi

@@ -9,7 +9,9 @@ from rstar_env.testing import answer, tool_call
 def test_plugins_lists_sources(echo_plugins):
     result = CliRunner().invoke(main, ["plugins", "--json"])
     assert result.exit_code == 0, result.output
-    rows = {(r["kind"], r["name"]): r for r in json.loads(result.output)}
+    listing = json.loads(result.output)
+    rows = {(r["kind"], r["name"]): r for r in listing["plugins"]}
+    assert listing["failed"] == []
     assert rows[("tool", "python")]["source"] == "rstar-env"
     assert rows[("tool", "echo")]["source"] == "runtime"
     table = CliRunner().invoke(main, ["plugins"])

@@ -26,8 +26,8 @@ def test_yaml_with_shorthands(tmp_path):
 
 
 def test_overrides_replace_sections_and_ignore_none(tmp_path):
-    cfg = load_config({"reward": "format"}, reward=None, tools=["python", {"name": "x", "options": {"a": 1}}])
-    assert cfg.reward.name == "format" and cfg.tools[1].options == {"a": 1}
+    cfg = load_config({"reward": "format"}, reward=None, tools=[{"name": "python", "options": {"timeout_s": 2}}])
+    assert cfg.reward.name == "format" and cfg.tools[0].options == {"timeout_s": 2}
 
 
 def test_errors_name_the_file_and_the_key(tmp_path):

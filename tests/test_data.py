@@ -120,7 +120,7 @@ def test_jsonl_with_default_field_names_and_stable_ids(tmp_path):
     assert ds[0].id == load_dataset(path)[0].id  # stable across loads
     assert ds[0].metadata == {"topic": "animals"}
     assert ds[1].id == "u-2"
-    assert ds.stats == {"rows": 2, "kept": 2, "non_integer": 0, "duplicates": 0}
+    assert ds.stats == {"rows": 2, "kept": 2, "non_integer": 0, "duplicates": 0, "bad_rows": 0}
 
 
 def test_stable_id_ignores_whitespace_and_case():
@@ -638,3 +638,112 @@ def test_generated_spec_syntax():
     # n is exact: generated sets are not de-duplicated again, even where level 1 must repeat.
     assert len(load_dataset("arithmetic:n=300")) == 300
     assert len(load_dataset("word:n=100", limit=7)) == 7
+
+
+# ------------------------------------------------------------------------------ data inputs (issue 19)
+
+
+def _write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_path_objects_lists_and_iterables_are_sources(tmp_path):
+    path = _write_jsonl(tmp_path / "p.jsonl", ['{"problem": "1+1?", "answer": "2"}'])
+    assert [p.answer for p in load_dataset(path)] == ["2"]  # a Path, not only a str
+    rows = [{"question": "2+2?", "answer": 4}]
+    assert [p.answer for p in load_dataset(rows)] == ["4"]
+    assert [p.problem for p in load_dataset(r for r in rows)] == ["2+2?"]  # any iterable of dicts
+
+    def stream():  # a stream is read only as far as `limit` needs
+        yield from ({"problem": f"q{i}?", "answer": str(i)} for i in range(3))
+        raise AssertionError("read past the limit")
+
+    assert len(load_dataset(stream(), limit=3)) == 3
+    with pytest.raises(DataError, match=r"a list of dicts, or a datasets.Dataset"):
+        load_dataset(42)
+
+
+def test_hugging_face_dataset_objects_are_sources():
+    hf = pytest.importorskip("datasets")
+    table = hf.Dataset.from_list([{"question": "What is 3 * 3?", "answer": "9"}, {"question": "1 - 1?", "answer": "0"}])
+    for source in (table, table.to_iterable_dataset(), hf.DatasetDict({"test": table})):
+        ds = load_dataset(source, split="test")
+        assert [(p.problem, p.answer) for p in ds] == [("What is 3 * 3?", "9"), ("1 - 1?", "0")]
+        assert ds.name.startswith("datasets.")
+    with pytest.raises(DataError, match=r"no split 'train'; its splits are test"):
+        load_dataset(hf.DatasetDict({"test": table}))
+
+
+def test_preset_name_reads_the_presets_hub_dataset(monkeypatch):
+    calls = []
+
+    def fake_load(name, config=None, split=None):
+        calls.append((name, config, split))
+        return [{"problem": "Find x.", "answer": "$\\boxed{042}$", "url": "AIME_I_Problems/Problem_3", "year": 2024}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake_load))
+    ds = load_dataset("aime")
+    assert calls == [(PRESETS["aime"].hub, None, "train")]
+    assert (ds[0].answer, ds[0].id) == ("42", "2024-I-3")  # read with the aime preset itself
+
+
+def test_bad_rows_stop_loading_or_are_skipped_and_counted(tmp_path, caplog):
+    path = _write_jsonl(
+        tmp_path / "mixed.jsonl",
+        ['{"problem": "a?", "answer": "1"}', '{"problem": "no answer here"}', "not json", "[1, 2]",
+         '{"problem": "", "answer": "3"}', '{"problem": "b?", "answer": "2"}'],
+    )  # fmt: skip
+    with pytest.raises(DataError, match=r"line 2: no answer field.*on_bad_row='skip'"):
+        load_dataset(path)
+    ds = load_dataset(path, on_bad_row="skip")
+    assert [p.problem for p in ds] == ["a?", "b?"]
+    assert ds.stats["bad_rows"] == 4 and ds.stats["rows"] == 6 and len(ds.bad_rows) == 4
+    assert "line 2: no answer field" in ds.bad_rows[0] and "line 3: not valid JSON" in ds.bad_rows[1]
+    assert "line 4: expected a JSON object" in ds.bad_rows[2] and "line 5: the problem field" in ds.bad_rows[3]
+    assert "skipped 4 bad row(s) of 6" in caplog.text
+    with pytest.raises(DataError, match="on_bad_row must be"):
+        load_dataset(path, on_bad_row="ignore")
+    with pytest.raises(DataError, match="4 as bad rows"):
+        load_dataset([{"problem": "x"}] * 4, on_bad_row="skip")
+
+
+def test_rows_without_an_answer_are_refused_unless_kept_unscored(tmp_path):
+    rows = [{"problem": "p1", "answer": None}, {"problem": "p2", "answer": ""}, {"problem": "p3"}]
+    with pytest.raises(DataError, match=r"row 0: the answer field 'answer' is empty.*allow_unscored=True"):
+        load_dataset(rows)
+    ds = load_dataset(rows, allow_unscored=True, integer_answers_only=True)
+    assert [(p.problem, p.answer) for p in ds] == [("p1", None), ("p2", None), ("p3", None)]
+    back = load_dataset(ds.save_jsonl(tmp_path / "unscored.jsonl"), allow_unscored=True)
+    assert [p.answer for p in back] == [None, None, None]  # never the string "None"
+
+
+def test_env_takes_every_data_input(math_env, echo_plugins, tmp_path):
+    path = _write_jsonl(tmp_path / "one.jsonl", ['{"problem": "From a Path?", "answer": "1"}'])
+    hf = pytest.importorskip("datasets")
+    inputs = [path, str(path), [{"problem": "From a list?", "answer": "1"}],
+              hf.Dataset.from_list([{"problem": "From datasets?", "answer": "1"}]),
+              {"source": "arithmetic:n=5", "limit": 1}]  # fmt: skip
+    for source, needle in zip(inputs, ["From a Path?", "From a Path?", "From a list?", "From datasets?", "What is"],
+                              strict=True):  # fmt: skip
+        env = math_env(tools=["echo"], reward="exact_test", dataset=source)
+        assert needle in env.reset(seed=0)[0]
+    with pytest.raises(DataError, match="on_bad_row='skip'"):  # rows given in memory are read at once
+        math_env(tools=["echo"], reward="exact_test", dataset=[{"problem": "no answer"}])
+
+
+def test_unscored_episodes_are_marked_and_never_judged(math_env, echo_plugins):
+    env = math_env(tools=["echo"], reward="exact_test")
+    with pytest.raises(ValueError, match=r"no answer to score against.*allow_unscored"):
+        env.reset(options={"problem": "x", "answer": None})
+    env = math_env(tools=["echo"], reward="exact_test", dataset={"allow_unscored": True})
+    _, info = env.reset(options={"problem": "x", "answer": None})
+    assert info["unscored"] is True
+    # Before: the answer became the string "None", and \boxed{None} scored 1.0.
+    _, reward, terminated, _, info = env.step("<answer>\\boxed{None}</answer>")
+    assert (reward, terminated, info["unscored"]) == (0.0, True, True)
+    traj = info["trajectory"]
+    assert traj.reward_result.reason == "unscored" and traj.metadata["unscored"] is True
+    _, info = env.reset(options={"problem": "y", "answer": "4"})
+    assert "unscored" not in info  # a scored row after an unscored one is scored
+    assert env.step("<answer>\\boxed{4}</answer>")[1] == 1.0

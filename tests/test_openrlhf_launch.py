@@ -159,3 +159,17 @@ def test_cli_submits_after_writing_prompts(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "out" / "prompts.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and set(rows[0]) == {"problem", "answer", "id"}
     assert command[command.index("--data.prompt_dataset") + 1] == str(tmp_path / "out" / "prompts.jsonl")
+
+
+def test_tested_versions_match_the_constraints_file_and_differences_are_reported():
+    from pathlib import Path
+
+    from rstar_trainers.openrlhf.versions import TESTED, version_warnings
+
+    lines = (Path(__file__).resolve().parents[1] / "scripts" / "openrlhf-constraints.txt").read_text().splitlines()
+    pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    assert pins == TESTED
+    assert version_warnings({**TESTED, "torch": "2.13.0+cpu"}) == []
+    warnings = version_warnings({**TESTED, "ray": "2.55.0", "peft": None})
+    assert warnings == ["ray 2.55.0 is installed; the OpenRLHF integration was tested with 2.60.0",
+                        "peft is not installed here (tested: 0.18.1)"]

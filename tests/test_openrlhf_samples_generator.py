@@ -11,6 +11,7 @@ import importlib
 import sys
 from types import ModuleType, SimpleNamespace
 
+import numpy as np
 import pytest
 
 pytest.importorskip("openrlhf")
@@ -46,8 +47,13 @@ def sg(monkeypatch):
 
 def response(prompt: str, index: int, reward: float, *, calls: int = 1, errors: int = 0, blocks: int = 1):
     """One fabricated result of our AgentExecutor.execute (what the vLLM engine actor returns)."""
+    from rstar_env.trajectory import Trajectory
+
     obs = [1, 2, 3] + [10 + index] * (5 + index)
+    trajectory = Trajectory(problem=prompt, answer="42", reward=reward, end_reason="answer",
+                            metadata={"rollout": index})
     return {
+        "rstar_trajectory": trajectory.to_dict(),
         "prompt": prompt,
         "label": "42",
         "images": None,
@@ -86,11 +92,13 @@ class Engine:
         return [response(prompt, i, r, calls=1, errors=e) for i, (r, e) in enumerate(pattern[:num_samples])]
 
 
-def make_generator(sg, tmp_path, *, prompts, refill=False, sampler="roc"):
+def make_generator(sg, tmp_path, *, prompts, refill=False, sampler="roc", oversample=2, ckpt=None):
     ours, _ = sg
-    run = load_config({"sampler": sampler, "trainer": {"backend": "openrlhf", "group_size": G, "oversample": 2,
-                                                       "refill": refill, "seed": 0}})
+    run = load_config({"sampler": sampler, "trainer": {"backend": "openrlhf", "group_size": G,
+                                                       "oversample": oversample, "refill": refill, "seed": 0,
+                                                       "output_dir": str(tmp_path)}})
     args = SimpleNamespace(
+        ckpt=SimpleNamespace(path=str(tmp_path / "checkpoints"), load_enable=True) if ckpt else None,
         rollout=SimpleNamespace(batch_size=2, n_samples_per_prompt=G, vllm_generate_batch_size=2),
         algo=SimpleNamespace(dynamic_filtering_enable=False, dynamic_filtering_range=(0, 1),
                              advantage=SimpleNamespace(is_correction_level="off")),
@@ -219,3 +227,108 @@ def test_import_hook_patches_a_module_when_it_is_first_imported(tmp_path, monkey
     assert seen == ["SamplesGenerator"] and module.__spec__.loader.get_source("late_trainer_mod")
     hook_module, _, hook_name = patch.SETUP_HOOK.rpartition(".")
     assert getattr(importlib.import_module(hook_module), hook_name) is patch.worker_setup
+
+
+def test_a_sampler_with_bad_output_is_named_at_the_first_group(sg):
+    """The same validation as the local trainer's (rstar_env.sampler.checked_select)."""
+    from rstar_env.sampler import SamplerError
+
+    ours, _ = sg
+
+    class KeepAll:
+        name = "keep_all_test"
+
+        def select(self, group, keep, rng):
+            return list(range(len(group)))
+
+    info = {"num_tool_calls": 1, "num_tool_errors": 0, "num_answer_blocks": 1, "num_assistant_turns": 1}
+    experiences = [SimpleNamespace(prompts=["p"], rewards=float(i % 2), info=info) for i in range(4)]
+    with pytest.raises(SamplerError, match=r"sampler 'keep_all_test' returned \[0, 1, 2, 3\] .*4 indices, not 2"):
+        ours.select_groups(experiences, rollouts_per_prompt=4, keep=2, sampler=KeepAll(),
+                           rng=np.random.default_rng(0))
+
+
+def test_step_statistics_match_the_local_trainer(sg, tmp_path):
+    """The generator logs batch_stats of the whole step (what the local trainer logs), before and after selection."""
+    from rstar_plugins.samplers.stats import batch_stats
+
+    generator, _ = make_generator(sg, tmp_path, prompts=["mixed", "one-right"])
+    samples, *_ = generator.generate_samples(max_len=64)
+    stats = generator.last_step_stats
+    # Hand count: "mixed" has 4 positives with 2 errors in 4 calls, "one-right" 1 clean positive: 2 / 5 calls.
+    assert stats["all_pos/n"] == 5 and stats["all_pos/tool_error_ratio"] == pytest.approx(2 / 5)
+    assert stats["positives"] == 5 and stats["negatives"] == 11
+    # "mixed" keeps its two clean positives (2 of 4), "one-right" its only one; negatives: 2 + 3 of 11.
+    assert stats["positives_kept"] == 3 and stats["negatives_kept"] == 5
+    assert stats["kept_pos/tool_error_ratio"] == 0.0 and stats["dropped_pos/tool_error_ratio"] == 1.0
+    assert stats["groups_dropped"] == 0 and stats["rollouts_kept"] == 2 * G
+    # The same function the local trainer calls, on the same groups and selections.
+    from rstar_trainers.openrlhf.samples_generator import _Record
+
+    groups = [[_Record(reward=r, num_tool_calls=1, num_tool_errors=e, num_answer_blocks=1, num_assistant_turns=2)
+               for r, e in GROUPS[p]] for p in ("mixed", "one-right")]
+    kept = {p: sorted(int(s.info["rollout"].item()) for s in samples if s.prompts[0] == p) for p in GROUPS}
+    assert stats == batch_stats(groups, [kept["mixed"], kept["one-right"]], G, sampler=generator.sampler.inner)
+    # Logged through OpenRLHF's info (it logs the batch mean: the same value on every kept sample).
+    for sample in samples:
+        assert float(sample.info["roc/all_pos/tool_error_ratio"]) == pytest.approx(0.4)
+        assert float(sample.info["roc/negatives_kept"]) == 5
+        assert not hasattr(sample, "rstar_trajectory")  # never shipped to the training actors
+
+
+def test_trajectories_jsonl_feeds_filter_hard(sg, tmp_path):
+    import json
+
+    from rstar_env.rollout.hard import filter_hard
+
+    generator, _ = make_generator(sg, tmp_path, prompts=["all-right", "mixed", "all-wrong", "one-right"])
+    generator.generate_samples(max_len=64)
+    generator.generate_samples(max_len=64)
+    rows = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 * 2 * G  # every rollout, kept or dropped, of both steps
+    assert [r["metadata"]["step"] for r in rows] == [1] * 16 + [2] * 16
+    assert sum(r["metadata"]["kept"] for r in rows) == 2 * G  # "mixed" and "one-right" keep G each
+    assert not any(r["metadata"]["kept"] for r in rows if r["problem"] in ("all-right", "all-wrong"))
+    seen, hard = filter_hard([tmp_path / "trajectories.jsonl"], tmp_path / "hard.jsonl")
+    assert (seen, hard) == (4, 3)  # "all-right" is solved every time
+    problems = {json.loads(line)["problem"] for line in (tmp_path / "hard.jsonl").read_text().splitlines()}
+    assert problems == {"mixed", "all-wrong", "one-right"}
+
+
+def test_plain_grpo_still_logs_stats_and_trajectories(sg, tmp_path):
+    generator, engine = make_generator(sg, tmp_path, prompts=["a", "b"], sampler="grpo", oversample=1)
+    samples, *_ = generator.generate_samples(max_len=64)
+    assert engine.requests == [("a", G), ("b", G)] and len(samples) == 2 * G
+    assert generator.last_step_stats["rollouts_kept"] == 2 * G
+    assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 2 * G
+
+
+def test_resume_drops_rows_after_the_checkpoint_and_continues_numbering(sg, tmp_path):
+    import json
+
+    generator, _ = make_generator(sg, tmp_path, prompts=["mixed", "one-right", "mixed", "one-right"], ckpt=True)
+    generator.generate_samples(max_len=64)
+    generator.generate_samples(max_len=64)
+    # The run saved global_step1 and died after rolling out step 2: resume from 1.
+    (tmp_path / "checkpoints" / "_actor").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "_actor" / "latest").write_text("global_step1")
+    generator, _ = make_generator(sg, tmp_path, prompts=["mixed", "one-right"], ckpt=True)
+    steps = [json.loads(row)["metadata"]["step"] for row in (tmp_path / "trajectories.jsonl").open()]
+    assert steps == [1] * 16
+    generator.generate_samples(max_len=64)
+    steps = [json.loads(row)["metadata"]["step"] for row in (tmp_path / "trajectories.jsonl").open()]
+    assert steps == [1] * 16 + [2] * 16
+
+
+def test_a_batch_with_every_group_dropped_keeps_the_step_number(sg, tmp_path):
+    """OpenRLHF skips the update (and its global step) when every group is dropped: the rows carry the step the
+    next batch trains."""
+    import json
+
+    generator, _ = make_generator(sg, tmp_path, prompts=["all-right", "all-wrong", "mixed", "one-right"])
+    samples, *_ = generator.generate_samples(max_len=64)
+    assert samples == []
+    generator.generate_samples(max_len=64)
+    steps = [json.loads(row)["metadata"]["step"] for row in (tmp_path / "trajectories.jsonl").open()]
+    assert steps == [1] * 32
+    assert generator.trajectory_log.step == 1

@@ -55,6 +55,8 @@ def test_grpo_roc_raises_the_reward(tmp_path, smollm2):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert {"reward", "accuracy", "groups_kept", "tool_error_ratio_correct", "loss", "entropy", "grad_norm",
             "time/generation_s", "time/train_s", "sampler/kept_pos/error_penalty"} <= set(metrics[0])
+    # Rollouts went through the dispatcher: one engine, every turn of every episode one request, none failed.
+    assert metrics[0]["engines/0/requests"] >= 1 and metrics[0]["engines/0/failed"] == 0
 
 
 def test_resume_continues_exactly(tmp_path, smollm2):

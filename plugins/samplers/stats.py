@@ -14,7 +14,9 @@ Keys (all floats; ``prefix`` is prepended to every key):
   (rollouts with no tool call), ``{pop}/error_penalty`` and ``{pop}/format_penalty`` (mean RoC penalty terms),
   ``{pop}/penalty`` (their sum), ``{pop}/no_answer_block_frac``, ``{pop}/multi_answer_block_frac``.
   Populations: ``kept_pos`` / ``dropped_pos`` (positives of *kept* groups that were kept / left out: what RoC
-  filters), ``kept_neg`` / ``dropped_neg`` (likewise negatives), ``all`` (every rollout of every group).
+  filters), ``kept_neg`` / ``dropped_neg`` (likewise negatives), ``all`` (every rollout of every group), ``all_pos``
+  / ``all_neg`` (every positive / negative of every group, before selection: ``all_pos/tool_error_ratio`` is the
+  paper's figure of the tool-error ratio of correct trajectories).
 
 A ratio whose population is empty is left out rather than logged as NaN (NaN is not JSON); ``{pop}/n`` is always
 present. The penalty terms are the paper's (``roc``'s defaults) unless ``sampler`` is given: then its own
@@ -32,7 +34,7 @@ from rstar_env.sampler import TrajectorySummary
 from .basic import rewards_equal
 from .roc import error_penalty, format_penalty
 
-POPULATIONS: tuple[str, ...] = ("kept_pos", "dropped_pos", "kept_neg", "dropped_neg", "all")
+POPULATIONS: tuple[str, ...] = ("kept_pos", "dropped_pos", "kept_neg", "dropped_neg", "all", "all_pos", "all_neg")
 
 
 def drop_reason(group: Sequence[TrajectorySummary], selection: Sequence[int] | None, keep: int) -> str | None:
@@ -117,6 +119,7 @@ def batch_stats(
             positives += positive
             negatives += not positive
             pops["all"].add(traj, terms)
+            pops["all_pos" if positive else "all_neg"].add(traj, terms)
             if reason is not None:
                 continue
             sign = "pos" if positive else "neg"

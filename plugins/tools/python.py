@@ -9,6 +9,7 @@ Tools built with the same sandbox settings share one sandbox (one warm pool per 
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, ClassVar
 
@@ -63,8 +64,15 @@ class _SharedSandboxes:
             del self._entries[key]
         await entry[0].aclose()
 
+    def forget_after_fork(self) -> None:
+        # A forked child (a worker of gymnasium's AsyncVectorEnv, say) must not drive its parent's sandboxes: their
+        # processes and loop threads belong to the parent. The child builds its own on first use.
+        self._lock = threading.Lock()
+        self._entries = {}
+
 
 _shared = _SharedSandboxes()
+os.register_at_fork(after_in_child=_shared.forget_after_fork)
 
 
 class PythonTool:

@@ -1,9 +1,11 @@
-"""Collect trajectories: drive many episodes with a policy, batched turn by turn.
+"""Collect trajectories: drive many episodes with a policy, each episode on its own, none waiting for another.
 
-``collect`` keeps ``width`` episodes in flight. Each round, every live episode asks the policy for its next
-action (one batched call), then all of them step concurrently (tool calls overlap on the shared sandbox pool).
-An episode that ends is replaced at once by the next pending (problem, sample) pair, so the batch stays full:
-continuous batching at the granularity of turns.
+``collect`` keeps ``width`` episodes in flight, one asyncio task per slot. Each task runs its episode as
+generate -> step -> generate with no barrier between episodes: a tool call goes to the environment the moment its
+generation returns, and an episode that ends hands its slot to the next pending (problem, sample) pair at once.
+Batching is the policy's business, not the collector's: the local transformers policy gathers requests that arrive
+together into one forward batch (a micro-batching queue), the OpenAI policy sends each request as it comes under a
+concurrency limit, and the multi-engine dispatcher routes each to an engine with free KV capacity.
 
 Token-level truth: with a token-level policy the env is built with the policy's tokenizer. The context of each
 turn is the prompt's ids, then every action's generated ids and every feedback's ids, appended, never re-tokenized;
@@ -13,6 +15,8 @@ turn is the prompt's ids, then every action's generated ids and every feedback's
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,43 +97,60 @@ async def iter_collect(
     """Yield ``(job, trajectory)`` as each episode ends (in completion order).
 
     Each trajectory's ``metadata`` holds ``sample`` (which of the row's samples) and the policy's finish reasons.
-    ``env``: a vector env to run on (its sub-envs are the slots); otherwise one is built from ``env_options``
-    with the policy's tokenizer, and closed at the end.
+    ``env``: a vector env to run on (its sub-envs are the slots; ``width`` is then its size); otherwise one of
+    ``min(width, len(jobs))`` slots is built from ``env_options`` with the policy's tokenizer, and closed at the end.
+    Jobs start in the order given. An exception in one episode (a bug: policies and the env report failures in the
+    trajectory) stops the others and is raised here; so does abandoning the iterator.
     """
     if not jobs:
         return
+    if width < 1 and env is None:
+        raise ValueError(f"width must be at least 1, got {width}")
     owned = env is None
     if env is None:
         env = MathToolVectorEnv(min(width, len(jobs)), tokenizer=policy.tokenizer, **env_options)
     slots: list[MathToolEnv] = env.envs
-    pending = list(reversed(jobs))
-    live: dict[int, Job] = {}
+    pending = deque(jobs)
+    finished: asyncio.Queue[tuple[Job, Trajectory] | BaseException] = asyncio.Queue()
 
-    async def start(slot: int, job: Job) -> None:
-        live[slot] = job
-        await slots[slot].areset(options=job.row)
+    async def run_slot(slot: MathToolEnv) -> None:
+        try:
+            while pending:
+                job = pending.popleft()
+                trajectory = await _episode(slot, job, policy)
+                finished.put_nowait((job, trajectory))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the consumer, who re-raises it
+            finished.put_nowait(exc)
 
+    tasks = [asyncio.create_task(run_slot(slot)) for slot in slots[: len(jobs)]]
     try:
-        await asyncio.gather(*(start(i, pending.pop()) for i in range(min(len(slots), len(pending)))))
-        while live:
-            order = sorted(live)
-            requests = [_request(slots[i], policy) for i in order]
-            generations = await policy.generate(requests)
-            if len(generations) != len(requests):
-                raise RuntimeError(f"policy returned {len(generations)} generations for {len(requests)} requests")
-            results = await asyncio.gather(*(_step(slots[i], g) for i, g in zip(order, generations, strict=True)))
-            finished = []
-            for slot, trajectory in zip(order, results, strict=True):
-                if trajectory is not None:
-                    job = live.pop(slot)
-                    trajectory.metadata["sample"] = job.sample
-                    finished.append(slot)
-                    yield job, trajectory
-            refill = [start(slot, pending.pop()) for slot in finished[: len(pending)]]
-            await asyncio.gather(*refill)
+        for _ in range(len(jobs)):
+            item = await finished.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
     finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if owned:
             await asyncio.gather(*(e.aclose() for e in reversed(slots)))
+
+
+async def _episode(slot: MathToolEnv, job: Job, policy: Policy) -> Trajectory:
+    """One episode on ``slot``, start to end: reset, then generate and step until it ends."""
+    await slot.areset(options=job.row)
+    key = uuid.uuid4().hex
+    while True:
+        generations = await policy.generate([_request(slot, policy, key)])
+        if len(generations) != 1:
+            raise RuntimeError(f"policy returned {len(generations)} generations for 1 request")
+        trajectory = await _step(slot, generations[0])
+        if trajectory is not None:
+            trajectory.metadata["sample"] = job.sample
+            return trajectory
 
 
 async def collect(policy: Policy, jobs: Sequence[Job], **options: Any) -> list[Trajectory]:
@@ -141,7 +162,7 @@ async def collect(policy: Policy, jobs: Sequence[Job], **options: Any) -> list[T
     return [t for t in by_job if t is not None]
 
 
-def _request(env: MathToolEnv, policy: Policy) -> Request:
+def _request(env: MathToolEnv, policy: Policy, episode: str | None = None) -> Request:
     trajectory = env.trajectory
     assert trajectory is not None
     left = env.budget_left
@@ -151,6 +172,7 @@ def _request(env: MathToolEnv, policy: Policy) -> Request:
         trajectory=trajectory,
         context_ids=context_ids(trajectory) if policy.tokenizer is not None else None,
         max_new_tokens=None if left is None or env.settings.length_unit != "tokens" else left + 1,
+        episode=episode,
     )
 
 

@@ -1,8 +1,10 @@
 """Evaluate a policy on a dataset: k samples per problem, trajectories to JSONL, a summary of the metrics.
 
 Resumable: trajectories already in the output file (matched by problem id and sample index) are not run again,
-except those that ended in a failure of the system (``env_error``, ``policy_error``), and the summary covers the
-whole file, the latest record of each episode. A half-written last line (a killed run) is ignored with a warning.
+except those that ended in a failure of the system (``env_error``, ``policy_error``) and those produced with other
+settings (each record's ``metadata["settings"]``: the verifier's name and options hash, the env settings' hash; see
+``MathToolEnv.settings_key``), which are run again (``rescored_stale`` counts them). The summary covers the whole
+file, the latest record of each episode. A half-written last line (a killed run) is ignored with a warning.
 """
 
 from __future__ import annotations
@@ -63,26 +65,42 @@ async def evaluate(
     on_done: Callable[[Trajectory], None] | None = None,
     **env_options: Any,
 ) -> dict[str, Any]:
-    """Run ``samples`` episodes per row and return :func:`~rstar_env.rollout.metrics.summarize` of them all.
+    """Run ``samples`` episodes per row and return :func:`~rstar_env.rollout.metrics.summarize` of them all, plus
+    ``resumed`` and, for a :class:`~rstar_env.rollout.dispatch.DispatchPolicy`, ``engines`` (its stats).
 
     With ``out``, each trajectory is appended to that JSONL file as it finishes, and finished ones are skipped.
     """
-    # The last record of a job wins; one that ended in a system failure is not done, and runs again.
-    latest = {_done_key(t): t for t in (read_trajectories(out) if out else [])}
-    previous = [t for t in latest.values() if not t.failed]
-    done = {_done_key(t) for t in previous}
-    jobs = jobs_for(rows, samples, skip=lambda job: (job.row.get("id"), job.sample) in done)
-    fresh: list[Trajectory] = []
-    if out is not None:
-        _end_dangling_line(Path(out))
-    with Path(out).open("a", encoding="utf-8") if out is not None else contextlib.nullcontext() as handle:
-        async for _job, trajectory in iter_collect(policy, jobs, width=width, env=env, **env_options):
-            fresh.append(trajectory)
-            if handle is not None:
-                handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
-                handle.flush()  # a killed run keeps everything that finished
-            if on_done is not None:
-                on_done(trajectory)
+    owned = env is None
+    if env is None:
+        env = MathToolVectorEnv(max(1, min(width, len(rows) * samples)), tokenizer=policy.tokenizer, **env_options)
+    try:
+        # The last record of a job wins. One that ended in a system failure is not done, and runs again; so does
+        # one scored with other settings (another verifier, its options, the env's rules or tools): its score is
+        # stale, never reported as current.
+        current = env.envs[0].settings_key
+        latest = {_done_key(t): t for t in (read_trajectories(out) if out else [])}
+        stale = [t for t in latest.values() if not t.failed and t.metadata.get("settings") != current]
+        previous = [t for t in latest.values() if not t.failed and t.metadata.get("settings") == current]
+        done = {_done_key(t) for t in previous}
+        jobs = jobs_for(rows, samples, skip=lambda job: (job.row.get("id"), job.sample) in done)
+        fresh: list[Trajectory] = []
+        if out is not None:
+            _end_dangling_line(Path(out))
+        with Path(out).open("a", encoding="utf-8") if out is not None else contextlib.nullcontext() as handle:
+            async for _job, trajectory in iter_collect(policy, jobs, width=width, env=env):
+                fresh.append(trajectory)
+                if handle is not None:
+                    handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
+                    handle.flush()  # a killed run keeps everything that finished
+                if on_done is not None:
+                    on_done(trajectory)
+    finally:
+        if owned:
+            await env.aclose()
     summary = summarize(previous + fresh)
     summary["resumed"] = len(previous)
+    stats = getattr(policy, "stats", None)
+    if callable(stats):  # a multi-engine dispatcher: requests, failures and busy time per engine (this run's)
+        summary["engines"] = stats()
+    summary["rescored_stale"] = len(stale)
     return summary

@@ -124,6 +124,13 @@ class TransformersPolicy:
         sampling: temperature, top_p, per-turn token cap, seed.
         batch_size: rows generated together (sorted by context length to waste little padding).
         stop_on_tool_call: end a turn right after ``</tool_call>`` (the env then runs the call).
+        batch_window_s: how long an idle model waits for more requests to join a batch that is not full.
+
+    **Micro-batching.** ``generate`` puts its requests on a queue and waits for their results. One drain task per
+    event loop takes up to ``batch_size`` queued requests into one forward batch, in arrival order; while the model
+    runs, new requests queue, and the next batch starts the moment the last one ends (the model is never idle while
+    requests wait). Only an idle model waits ``batch_window_s`` for requests that arrive together (the episodes of
+    one collector step each call ``generate`` on their own). ``batches`` and ``rows_batched`` count what it did.
     """
 
     def __init__(
@@ -135,7 +142,12 @@ class TransformersPolicy:
         batch_size: int = 16,
         device: str = "cpu",
         stop_on_tool_call: bool = True,
+        batch_window_s: float = 0.005,
     ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
         self.torch = _require_torch()
         if model is None or isinstance(model, str | os.PathLike):
             self.model, self.tokenizer = load_model(model, device=device)
@@ -154,14 +166,55 @@ class TransformersPolicy:
         self._lock = threading.Lock()  # one batch at a time on the model
         self.tokens_generated = 0
         self.seconds_generating = 0.0
+        self.batch_window_s = batch_window_s
+        self.batches = 0
+        self.rows_batched = 0
+        self._queue: list[tuple[Request, asyncio.Future[Generation]]] = []
+        self._drain_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return self.tokens_generated / self.seconds_generating if self.seconds_generating else 0.0
 
     async def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        # The model runs in a worker thread so tool calls of other episodes go on meanwhile.
-        return await asyncio.to_thread(self.generate_sync, requests)
+        """Queue ``requests`` for the micro-batcher and wait for their generations (see the class doc)."""
+        if not requests:
+            return []
+        for request in requests:  # a bad request fails its caller now, not a batch of other episodes later
+            if request.context_ids is None:
+                raise ValueError("TransformersPolicy needs context_ids: build the env with tokenizer=policy.tokenizer")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (the trainer runs one per step): nothing carries over
+            self._loop, self._queue, self._drain_task = loop, [], None
+        futures = [loop.create_future() for _ in requests]
+        self._queue.extend(zip(requests, futures, strict=True))
+        if self._drain_task is None or self._drain_task.done():
+            self._drain_task = loop.create_task(self._drain())
+        return list(await asyncio.gather(*futures))
+
+    async def _drain(self) -> None:
+        # Runs while requests wait; ends when the queue is empty (a later generate starts a new one).
+        if len(self._queue) < self.batch_size and self.batch_window_s:
+            await asyncio.sleep(self.batch_window_s)  # the model was idle: let requests sent together join
+        while self._queue:
+            batch, self._queue = self._queue[: self.batch_size], self._queue[self.batch_size :]
+            live = [(r, f) for r, f in batch if not f.cancelled()]
+            if not live:
+                continue
+            try:
+                # The model runs in a worker thread so tool calls of other episodes go on meanwhile.
+                generations = await asyncio.to_thread(self.generate_sync, [r for r, _ in live])
+            except Exception as exc:  # each waiting caller gets the error
+                for _, future in live:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self.batches += 1
+            self.rows_batched += len(live)
+            for (_, future), generation in zip(live, generations, strict=True):
+                if not future.done():
+                    future.set_result(generation)
 
     def generate_sync(self, requests: Sequence[Request]) -> list[Generation]:
         rows = []
@@ -205,7 +258,10 @@ class TransformersPolicy:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         temperature, top_p = self.sampling.temperature, self.sampling.top_p
         with torch.no_grad():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            # Only the last position's logits are sampled from: the full [rows, width, vocab] would be most of the
+            # memory of a long batch (49k-token vocabulary).
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                             logits_to_keep=1)
             expand = torch.tensor([unique[tuple(r.context)] for r in rows], device=self.device)
             past = out.past_key_values
             if len(contexts) != len(rows):

@@ -93,7 +93,12 @@ def summarize(trajectories: Sequence[Trajectory], *, correct_threshold: float = 
 def format_summary_rows(summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
     """``(metric, value)`` rows for a terminal table."""
     for key, value in summary.items():
-        if isinstance(value, float):
+        if key == "engines" and isinstance(value, list):  # the dispatcher's stats: one row per engine
+            for engine in value:
+                yield (f"engine {engine.get('endpoint')}",
+                       f"requests {engine.get('requests')}, failed {engine.get('failed')}, "
+                       f"busy {float(engine.get('busy_s') or 0):.1f}s")
+        elif isinstance(value, float):
             yield key, f"{value:.4f}"
         elif isinstance(value, dict):
             yield key, ", ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"

@@ -81,13 +81,17 @@ def _import_httpx() -> Any:
 
 
 class _RetryableError(Exception):
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, retry_after: float | None = None, *, connection: bool = False) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.connection = connection
 
 
 class _FatalError(Exception):
-    pass
+    def __init__(self, message: str, *, retryable: bool = False, connection: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable  # a failure of the server (another server may answer), not of the request
+        self.connection = connection
 
 
 class OpenAIPolicy:
@@ -283,7 +287,7 @@ class OpenAIPolicy:
         """A chat-completion response body as a :class:`Generation` (native tool calls rendered as hermes text)."""
         choices = payload.get("choices") or []
         if not choices or not isinstance(choices[0], Mapping):
-            raise _FatalError(f"the response has no choices: {json.dumps(payload)[:300]}")
+            raise _FatalError(f"the response has no choices: {json.dumps(payload)[:300]}", retryable=True)
         choice = choices[0]
         message = choice.get("message") or {}
         content = message.get("content") or ""
@@ -354,12 +358,13 @@ class OpenAIPolicy:
                     break
                 except _RetryableError as exc:
                     if attempts > self.max_retries:
-                        raise _FatalError(f"{exc} (gave up after {attempts} attempts)") from None
+                        raise _FatalError(f"{exc} (gave up after {attempts} attempts)", retryable=True,
+                                          connection=exc.connection) from None
                     await asyncio.sleep(self._backoff(attempts, exc.retry_after))
         except _FatalError as exc:
-            return self._error(str(exc), attempts, start)
+            return self._error(str(exc), attempts, start, retryable=exc.retryable, connection=exc.connection)
         except Exception as exc:  # a bug or an unexpected payload must not sink the batch
-            return self._error(f"{type(exc).__name__}: {exc}", attempts, start)
+            return self._error(f"{type(exc).__name__}: {exc}", attempts, start, retryable=True)
         generation.metadata.update(attempts=attempts, latency_s=round(time.perf_counter() - start, 6))
         return generation
 
@@ -373,7 +378,7 @@ class OpenAIPolicy:
         except httpx.TimeoutException as exc:
             raise _RetryableError(f"timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:  # refused, reset, dropped without a response, ...
-            raise _RetryableError(f"connection error ({type(exc).__name__}: {exc})") from None
+            raise _RetryableError(f"connection error ({type(exc).__name__}: {exc})", connection=True) from None
         if response.status_code != 200:
             detail = _error_detail(response)
             message = f"HTTP {response.status_code}: {detail}"
@@ -383,7 +388,7 @@ class OpenAIPolicy:
         try:
             return response.json()
         except ValueError:
-            raise _FatalError(f"the response is not JSON: {response.text[:300]!r}") from None
+            raise _FatalError(f"the response is not JSON: {response.text[:300]!r}", retryable=True) from None
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -392,9 +397,13 @@ class OpenAIPolicy:
         return self._rng.uniform(ceiling / 2, ceiling)  # "equal jitter": never zero, never above the cap
 
     @staticmethod
-    def _error(message: str, attempts: int, start: float) -> Generation:
+    def _error(message: str, attempts: int, start: float, *, retryable: bool = False,
+               connection: bool = False) -> Generation:
+        # ``retryable``: the server failed (another may answer); ``connection``: it could not be reached at all.
+        # A multi-engine dispatcher fails over on these and marks an unreachable server down at once.
         return Generation(text="", finish_reason="error", metadata={
-            "error": message, "attempts": attempts, "latency_s": round(time.perf_counter() - start, 6)})
+            "error": message, "attempts": attempts, "latency_s": round(time.perf_counter() - start, 6),
+            "retryable": retryable, "connection_error": connection})
 
     def __repr__(self) -> str:
         return f"OpenAIPolicy(base_url={self.base_url!r}, model={self.model!r}, native_tools={self.native_tools})"

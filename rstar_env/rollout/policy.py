@@ -29,6 +29,9 @@ class Request:
     """Prompt ids + every action's and feedback's ids so far (token-level policies); what the trainer scores."""
     max_new_tokens: int | None = None
     """The per-turn cap, already lowered to what the episode's length budget leaves."""
+    episode: str | None = None
+    """A key that stays the same across one episode's turns (the collector sets it); a multi-engine dispatcher
+    sends later turns to the engine that served the earlier ones, whose prefix cache holds the context."""
 
 
 @dataclass

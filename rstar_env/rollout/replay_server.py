@@ -29,8 +29,9 @@ An entry is a JSON object (one per line in a ``.jsonl`` file) with any of:
     serve this entry only to a request whose last message's content contains this string.
 
 Each request takes the first unused entry that matches it (entries without ``match`` match any request), so a plain
-list is served in order, and ``match`` keeps concurrent episodes apart. When no entry is left, the ``default`` entry
-(if given) answers; otherwise the request gets a 500 error that says so.
+list is served in order, and ``match`` keeps concurrent episodes apart. When no entry is left, the ``responder``
+(a function of the request body returning an entry, if given) answers, else the ``default`` entry (if given);
+otherwise the request gets a 500 error that says so.
 
 Run it by hand with ``python -m rstar_env.rollout.replay_server responses.jsonl --port 8000``.
 """
@@ -42,7 +43,7 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,8 @@ class ReplayServer:
     Args:
         entries: the entries, or a path to a JSONL file of them.
         default: the entry that answers when no listed entry matches (e.g. ``reply("...", delay_s=0.05)``).
+        responder: a function from the request body to the entry that answers it, asked when no listed entry
+            matches (before ``default``); it runs in the server's handler threads, so it must be thread-safe.
         strict: reject (400) requests whose messages break the OpenAI tool-call pairing rules, as the real API does.
     """
 
@@ -173,6 +176,7 @@ class ReplayServer:
         entries: Iterable[Entry] | str | Path = (),
         *,
         default: Entry | None = None,
+        responder: Callable[[dict[str, Any]], Entry] | None = None,
         strict: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -181,6 +185,9 @@ class ReplayServer:
         listed = load_entries(entries) if isinstance(entries, str | Path) else [dict(e) for e in entries]
         self._entries: list[Entry | None] = list(listed)  # None once served
         self.default = default
+        self.responder = responder
+        self.metrics: str | None = None
+        """Prometheus text served at ``GET /metrics`` (e.g. vLLM's KV-cache figures); ``None``: 404."""
         self.strict = strict
         self.model = model
         self.requests: list[dict[str, Any]] = []
@@ -193,7 +200,7 @@ class ReplayServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._counter = 0
-        self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
+        self._httpd = _Server((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -250,6 +257,8 @@ class ReplayServer:
                 if entry is not None and (entry.get("match") is None or entry["match"] in last):
                     self._entries[i] = None
                     return entry
+        if self.responder is not None:
+            return self.responder(body)
         return self.default
 
     def _completion(self, entry: Entry, body: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +293,12 @@ class ReplayServer:
         }
 
 
+class _Server(ThreadingHTTPServer):
+    # http.server listens with a backlog of 5: facing more concurrent connections than that, the kernel drops SYNs
+    # and each drop stalls its client ~1 s, so timings would measure the server instead of the client.
+    request_queue_size = 1024
+
+
 def _error_body(message: str, status: int) -> dict[str, Any]:
     kind = "rate_limit_error" if status == 429 else "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "code": status}, "object": "error"}
@@ -310,6 +325,13 @@ def _make_handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
                 self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+            elif self.path.rstrip("/").endswith("/metrics") and server.metrics is not None:
+                data = server.metrics.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif self.path.rstrip("/").endswith("/health"):
                 self._send(200, {})
             else:

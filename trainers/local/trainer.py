@@ -20,7 +20,6 @@ import asyncio
 import copy
 import json
 import random
-import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -36,14 +35,24 @@ from rstar_env.config import RunConfig, load_config
 from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
 from rstar_env.rollout.collect import collect, jobs_for, trajectory_tokens
+from rstar_env.rollout.dispatch import DispatchPolicy, EngineSpec, engine_stats_metrics
 from rstar_env.rollout.local import TransformersPolicy, load_model
 from rstar_env.rollout.metrics import summarize
 from rstar_env.rollout.policy import SamplingParams
+from rstar_env.sampler import checked_select
 from rstar_env.trajectory import Trajectory
 from rstar_env.vector import MathToolVectorEnv
+from rstar_trainers.local.checkpoint import (
+    global_rng_state,
+    read_checkpoint,
+    release_memory,
+    restore_global_rng,
+    save_pretrained,
+    write_checkpoint,
+)
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
 from rstar_trainers.local.logging import MetricsLogger, truncate_jsonl
-from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, token_logprobs
+from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, masked_token_logprobs
 
 
 @dataclass
@@ -102,9 +111,13 @@ class LocalTrainer:
         self.reference = None
         if settings.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # foreach=False: the fused multi-tensor update would hold temporaries the size of all parameters at once.
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay
+            self.model.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay,
+            foreach=False,
         )
+        if settings.gradient_checkpointing:
+            _enable_checkpointing(self.model)
         self.policy = TransformersPolicy(
             self.model,
             tokenizer=self.tokenizer,
@@ -112,6 +125,9 @@ class LocalTrainer:
             device=settings.device,
             sampling=SamplingParams(settings.temperature, settings.top_p, settings.max_new_tokens, settings.seed),
         )
+        # Rollouts go through the dispatcher, as eval's do: one local engine here (its micro-batching queue sees
+        # every request at once), with the same per-engine figures in the metrics.
+        self.rollout_policy = DispatchPolicy([EngineSpec(self.policy, "local", max_concurrency=1 << 20)])
         spec = run.dataset
         self.dataset = load_dataset(spec.source, **spec.model_dump(exclude={"source"}))
         self.sampler = load_sampler(run.sampler.name, **run.sampler.options)
@@ -153,8 +169,27 @@ class LocalTrainer:
         finally:
             self.logger.flush()
         self.save()
-        if self.cfg.save_model and self.step >= self.cfg.steps:
-            self.save_model()
+        if self.step >= self.cfg.steps:
+            if self.cfg.eval_dataset and not (self.out / "eval.json").exists():
+                report = self.evaluate()
+                self.logger.log({"step": self.step, **{f"eval/{k}": v for k, v in report.items()}}, self.step)
+                (self.out / "eval.json").write_text(json.dumps(report, indent=2))
+            if self.cfg.save_model:
+                self.save_model()
+
+    def evaluate(self, dataset: str | None = None) -> dict[str, float]:
+        """Roll the current weights out once on each held-out problem (``eval_dataset``) with the training
+        sampling settings; the report of :func:`~rstar_trainers.local.heldout.tool_use_summary`."""
+        from rstar_trainers.local.heldout import evaluate_model
+
+        rows = list(load_dataset(dataset or self.cfg.eval_dataset))
+        report, _ = evaluate_model(self.model, self.tokenizer, self.run, rows,
+                                   max_new_tokens=self.cfg.max_new_tokens,
+                                   max_response_tokens=self.cfg.max_response_tokens,
+                                   temperature=self.cfg.temperature, seed=self.cfg.seed + 10_000,
+                                   width=self.cfg.rollout_width, batch_size=self.cfg.generation_batch_size,
+                                   device=self.cfg.device)
+        return report
 
     def train_step(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -162,7 +197,8 @@ class LocalTrainer:
         jobs = jobs_for(rows, self.cfg.rollouts_per_prompt)
         gen_before = self.policy.seconds_generating
         self.model.eval()
-        trajectories = asyncio.run(collect(self.policy, jobs, env=self.env))
+        engines_before = self.rollout_policy.stats()
+        trajectories = asyncio.run(collect(self.rollout_policy, jobs, env=self.env))
         rollout_s = time.perf_counter() - started
         generation_s = self.policy.seconds_generating - gen_before
 
@@ -174,6 +210,7 @@ class LocalTrainer:
         train_started = time.perf_counter()
         update = self.update(samples) if samples else {"loss": 0.0, "grad_norm": 0.0, "skipped_update": 1.0}
         train_s = time.perf_counter() - train_started
+        release_memory()
         self.step += 1
         if self.cfg.save_trajectories:
             self._save_trajectories(trajectories)
@@ -188,6 +225,7 @@ class LocalTrainer:
             "time/train_s": train_s,
             "time/step_s": time.perf_counter() - started,
             "data/epoch": self.cursor.epoch,
+            **engine_stats_metrics(_step_stats(engines_before, self.rollout_policy.stats())),
         }
         self.logger.log(metrics, self.step)
         return metrics
@@ -234,6 +272,7 @@ class LocalTrainer:
                     totals[key].append(getattr(parts, key))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollout
             totals["grad_norm"].append(float(grad_norm))
         return {
             "loss": sum(totals["policy"]) / max(len(minibatches), 1),
@@ -265,8 +304,8 @@ class LocalTrainer:
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         for lo in range(0, len(order), self.cfg.micro_batch_size):
             micro = order[lo : lo + self.cfg.micro_batch_size]
-            ids, attention, _ = self._batch([samples[i] for i in micro])
-            logp, _ = token_logprobs(model(input_ids=ids, attention_mask=attention).logits, ids)
+            ids, attention, action = self._batch([samples[i] for i in micro])
+            logp, _ = masked_token_logprobs(model, ids, attention, action)
             for row, i in enumerate(micro):
                 out[i] = logp[row, : len(samples[i].input_ids) - 1]
         return out
@@ -274,8 +313,8 @@ class LocalTrainer:
     def _micro_loss(self, samples: Sequence[Sample], old: Sequence[torch.Tensor],
                     ref: Sequence[torch.Tensor] | None, total_tokens: int) -> Any:
         ids, attention, action = self._batch(samples)
-        logits = self.model(input_ids=ids, attention_mask=attention).logits
-        logp, entropy = token_logprobs(logits, ids, entropy_grad=self.cfg.entropy_coef > 0)
+        logp, entropy = masked_token_logprobs(self.model, ids, attention, action,
+                                              entropy_grad=self.cfg.entropy_coef > 0)
         width = logp.shape[1]
         old_t = torch.stack([_pad_to(o, width) for o in old])
         ref_t = torch.stack([_pad_to(r, width) for r in ref]) if ref else None
@@ -300,52 +339,34 @@ class LocalTrainer:
 
     def save(self) -> Path:
         """Write a checkpoint of everything a resumed run needs; keep the newest ``keep_checkpoints``."""
-        path = self.checkpoint_dir / f"step_{self.step:06d}"
-        tmp = path.with_suffix(".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        torch.save({
+        return write_checkpoint(self.checkpoint_dir, self.step, {
             "step": self.step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "cursor": (self.cursor.epoch, self.cursor.position),
             "sampler_rng": self.sampler_rng.bit_generator.state,
             "policy_rng": self.policy._generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-            "python_rng": random.getstate(),
-        }, tmp / "state.pt")
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)  # a checkpoint directory exists only once it is complete
-        (self.checkpoint_dir / "latest").write_text(path.name)
-        for old in sorted(self.checkpoint_dir.glob("step_*"))[: -self.cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+            **global_rng_state(),
+        }, self.cfg.keep_checkpoints)
 
     def resume(self) -> bool:
         """Load the latest checkpoint under ``output_dir``, if any."""
-        latest = self.checkpoint_dir / "latest"
-        if not latest.exists():
+        state = read_checkpoint(self.checkpoint_dir)
+        if state is None:
             return False
-        state = torch.load(self.checkpoint_dir / latest.read_text().strip() / "state.pt", weights_only=False)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
         self.cursor = DataCursor(*state["cursor"])
         self.sampler_rng.bit_generator.state = state["sampler_rng"]
         self.policy._generator.set_state(state["policy_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        random.setstate(state["python_rng"])
+        restore_global_rng(state)
         self.logger.truncate_after(self.step)
         truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
         return True
 
     def save_model(self) -> Path:
-        path = self.out / "model"
-        self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        return path
+        return save_pretrained(self.model, self.tokenizer, self.out)
 
     def close(self) -> None:
         self.env.close()
@@ -362,7 +383,7 @@ def select_groups(
     for group in groups:
         # A group with an episode the system failed (env_error, policy_error) is dropped whole: its failures are
         # not the model's, and the survivors alone would skew the group's advantages.
-        chosen = None if any(t.failed for t in group) else sampler.select(group, keep, rng)
+        chosen = None if any(t.failed for t in group) else checked_select(sampler, group, keep, rng)
         selection.append(chosen)
         if chosen:
             advantages = group_advantages([group[i].reward for i in chosen], eps)
@@ -407,9 +428,20 @@ def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.shape[0] == width else torch.nn.functional.pad(t, (0, width - t.shape[0]))
 
 
+def _enable_checkpointing(model: Any) -> None:
+    """Gradient checkpointing for training forward passes; generation (``use_cache``) is unaffected because
+    transformers only checkpoints in training mode."""
+    if getattr(model, "supports_gradient_checkpointing", False):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
+def _step_stats(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This step's share of the dispatcher's running totals (requests, failed, busy time per engine)."""
+    return [{**a, **{k: a[k] - b[k] for k in ("requests", "failed", "busy_s", "marked_down")}}
+            for b, a in zip(before, after, strict=True)]

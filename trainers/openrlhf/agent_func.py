@@ -33,11 +33,11 @@ turn caps. The file uses absolute imports only, because OpenRLHF loads it as a b
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import copy
 import threading
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -51,6 +51,7 @@ from rstar_env.plugins import load_reward, load_tool
 from rstar_env.trajectory import TOOL_ERROR_KINDS, Trajectory
 from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
 from rstar_trainers.openrlhf.runtime import config_path, load_run_config
+from rstar_trainers.openrlhf.trajectory_log import TRAJECTORY_KEY
 
 T = TypeVar("T")
 
@@ -170,13 +171,16 @@ class AgentRuntime:
 
 
 # -- one episode ----------------------------------------------------------------------------------------------------
-@dataclass
 class _Episode:
-    runtime: AgentRuntime
-    tokenizer: Any
-    instance: AgentInstance | None = None
-    last_output: Any = None
-    """The engine's last ``CompletionOutput`` (token ids, log-probs, finish reason) for this episode."""
+    """One episode's shared state. A plain class, not a dataclass: OpenRLHF executes this file as a module that is
+    not in ``sys.modules``, where ``@dataclass`` (which looks its module up there) fails."""
+
+    def __init__(self, runtime: AgentRuntime, tokenizer: Any) -> None:
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self.instance: AgentInstance | None = None
+        self.last_output: Any = None
+        """The engine's last ``CompletionOutput`` (token ids, log-probs, finish reason) for this episode."""
 
 
 _EPISODE: contextvars.ContextVar[_Episode | None] = contextvars.ContextVar("rstar_openrlhf_episode", default=None)
@@ -252,7 +256,8 @@ class AgentInstance(AgentInstanceBase):
         label = states.get("label")
         if label is None:
             raise ValueError("the prompt has no label: set --data.label_key to the answer field")
-        self.env = self.runtime.make_env(self.tokenizer)
+        # Off the caller's loop (vLLM's): the first env of a process copies the tokenizer and loads the plugins.
+        self.env = await asyncio.to_thread(self.runtime.make_env, self.tokenizer)
         prompt, _ = await on_env_loop(self.env.areset(options={"problem": states["observation"], "answer": label}))
         return {"observation": prompt, "label": label}
 
@@ -316,5 +321,8 @@ class AgentExecutor(MultiTurnAgentExecutor):
             if episode.instance is not None:
                 await episode.instance.aclose()
         instance = episode.instance
-        result["extra_logs"] = episode_logs(instance.trajectory if instance is not None else None)
+        trajectory = instance.trajectory if instance is not None else None
+        result["extra_logs"] = episode_logs(trajectory)
+        # For trajectories.jsonl (the samples generator writes it on the trainer side; OpenRLHF ignores the key).
+        result[TRAJECTORY_KEY] = trajectory.to_dict() if trajectory is not None else None
         return result

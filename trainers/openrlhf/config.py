@@ -120,6 +120,11 @@ class OpenRLHFRLConfig(_Model):
     refill: bool = False
     """When the sampler drops groups, roll out fresh prompts until the step has ``prompts_per_step`` kept groups
     (off: train on the groups that survived, as the reference implementation does)."""
+    engine_capacity_tokens: PositiveInt | None = None
+    """KV-cache tokens per vLLM engine for the shared rollout queue (``None``: read from each engine's cache config,
+    else ``engine_max_prompts`` decides); see :mod:`rstar_trainers.openrlhf.engine_queue`."""
+    engine_max_prompts: PositiveInt = 64
+    """Prompts (each with all its samples) in flight per engine when its KV capacity is unknown."""
     prompts_per_step: PositiveInt = 64
     """Prompts rolled out per step (OpenRLHF's ``--rollout.batch_size``)."""
     train_batch_size: PositiveInt | None = None
@@ -167,6 +172,8 @@ class OpenRLHFRLConfig(_Model):
 
     save_steps: int = -1
     save_hf: bool = True
+    save_trajectories: bool = True
+    """Append every step's rollouts to ``output_dir/trajectories.jsonl`` (input of ``rstar-env filter-hard``)."""
     tensorboard: bool = True
     wandb_project: str | None = None
     extra_args: dict[str, Any] = Field(default_factory=dict)

@@ -333,6 +333,10 @@ def command(config: str, dry_run: bool, check: bool, python: str) -> None:
         except OpenRLHFArgsError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"# flags accepted by OpenRLHF's {plan.script} parser", err=True)
+        from rstar_trainers.openrlhf.versions import version_warnings
+
+        for warning in version_warnings():
+            click.echo(f"# untested: {warning} (scripts/openrlhf-constraints.txt)", err=True)
     click.echo(plan.shell())
     if dry_run:
         return

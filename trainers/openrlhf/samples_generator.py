@@ -19,9 +19,11 @@ into ``experience.info`` (see :mod:`rstar_trainers.openrlhf.agent_func`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,9 +32,12 @@ from openrlhf.trainer.ppo_utils import samples_generator as _openrlhf_sg
 
 from rstar_env.config import RunConfig
 from rstar_env.plugins import load_sampler
+from rstar_env.sampler import checked_select
 from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
+from rstar_trainers.openrlhf.engine_queue import generate_vllm_shared_queue
 from rstar_trainers.openrlhf.patch import ORIGINAL_ATTR
 from rstar_trainers.openrlhf.runtime import load_run_config
+from rstar_trainers.openrlhf.trajectory_log import TRAJECTORY_KEY, TrajectoryLog, resumed_step
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +57,8 @@ class _Record:
     num_tool_errors: int
     num_answer_blocks: int
     num_assistant_turns: int
+    experience: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """The experience summarised (for the step's statistics and trajectory log; samplers never read it)."""
 
     @classmethod
     def from_experience(cls, experience: Any) -> _Record:
@@ -65,7 +72,7 @@ class _Record:
                 "rstar_trainers.openrlhf.agent_func puts in extra_logs; is --train.agent_func_path ours?"
             )
         counts = {k: int(_scalar(experience.info[k])) for k in SUMMARY_KEYS}
-        return cls(reward=float(_scalar(reward)), **counts)
+        return cls(reward=float(_scalar(reward)), **counts, experience=experience)
 
 
 def _scalar(value: Any) -> float:
@@ -113,22 +120,54 @@ def select_groups(
         if len(prompts) != 1:
             raise ValueError(f"rollouts {start}..{start + rollouts_per_prompt - 1} mix prompts: not one group")
         stats.groups += 1
-        chosen = sampler.select([_Record.from_experience(e) for e in group], keep, rng)
+        chosen = checked_select(sampler, [_Record.from_experience(e) for e in group], keep, rng)
         if chosen is None:
             stats.dropped += 1
             continue
-        if len(chosen) != keep or len(set(chosen)) != keep:
-            raise ValueError(f"sampler {getattr(sampler, 'name', sampler)!r} returned {chosen}, not {keep} indices")
         stats.kept += 1
         kept.extend(group[i] for i in chosen)
     return kept, stats
+
+
+class _RecordingSampler:
+    """The sampler plugin, recording every group it is shown and what it chose (for the step's statistics)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.inner = sampler
+        self.groups: list[list[_Record]] = []
+        self.selections: list[list[int] | None] = []
+
+    def select(self, group: Sequence[Any], keep: int, rng: np.random.Generator) -> list[int] | None:
+        chosen = self.inner.select(group, keep, rng)
+        self.groups.append(list(group))
+        self.selections.append(None if chosen is None else list(chosen))
+        return chosen
+
+    def take(self) -> tuple[list[list[_Record]], list[list[int] | None]]:
+        groups, selections = self.groups, self.selections
+        self.groups, self.selections = [], []
+        return groups, selections
+
+    def __getattr__(self, name: str) -> Any:  # name, error_penalty, ... of the plugin
+        return getattr(self.inner, name)
+
+
+STATS_PREFIX = "roc/"
+"""OpenRLHF logs the mean of each ``info`` key; the sampler statistics go there under this prefix."""
 
 
 class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-type]
     """OpenRLHF's samples generator with GRPO-RoC group down-sampling for training batches.
 
     Constructed by OpenRLHF with its usual arguments; the run config comes from ``$RSTAR_ENV_CONFIG`` (or
-    ``run_config=``, for tests). ``sampler`` and ``trainer.{group_size, oversample, refill, seed}`` are read from it.
+    ``run_config=``, for tests). ``sampler`` and ``trainer.{group_size, oversample, refill, seed, output_dir,
+    save_trajectories}`` are read from it.
+
+    Each training step it also logs the local trainer's group statistics
+    (:func:`rstar_plugins.samplers.stats.batch_stats`: before selection ``all_pos/tool_error_ratio``, after it
+    the kept and dropped positives and negatives) as ``roc/<key>`` in every kept experience's ``info`` (OpenRLHF
+    logs their mean, which is the value) and in :attr:`last_step_stats`, and appends the step's rollouts to
+    ``trajectories.jsonl`` (:mod:`rstar_trainers.openrlhf.trajectory_log`).
     """
 
     def __init__(self, *args: Any, run_config: RunConfig | None = None, **kwargs: Any) -> None:
@@ -138,7 +177,15 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
         if not isinstance(settings, OpenRLHFRLConfig):
             raise TypeError("the RoC samples generator needs an RL config (trainer.stage: rl)")
         self.settings = settings
-        self.sampler = load_sampler(run.sampler.name, **run.sampler.options)
+        self.sampler = _RecordingSampler(load_sampler(run.sampler.name, **run.sampler.options))
+        self.last_step_stats: dict[str, float] = {}
+        self.trajectory_log: TrajectoryLog | None = None
+        if settings.save_trajectories:
+            ckpt_path = getattr(getattr(self.args, "ckpt", None), "path", None)
+            # The launcher sets --ckpt.path to {output_dir}/checkpoints as the cluster sees it.
+            out = Path(ckpt_path).parent if ckpt_path else Path(settings.output_dir)
+            load = getattr(getattr(self.args, "ckpt", None), "load_enable", False)
+            self.trajectory_log = TrajectoryLog(out, resume_from=resumed_step(ckpt_path) if load else 0)
         self.rng = np.random.default_rng(settings.seed)
         self.last_stats = GroupStats()
         self._evaluating = False
@@ -148,6 +195,59 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
                 f"--rollout.n_samples_per_prompt is {n} but trainer.group_size is {settings.group_size}: "
                 "group_norm must see the kept group size (the launcher sets the flag from the config)"
             )
+
+    def _generate_queued(self, *args: Any, **generate_kwargs: Any) -> Any:
+        # OpenRLHF's _generate_vllm, with prompts fed to engines from one shared queue by free KV capacity.
+        return generate_vllm_shared_queue(self, *args, capacity_tokens=self.settings.engine_capacity_tokens,
+                                          max_prompts=self.settings.engine_max_prompts, **generate_kwargs)
+
+    def _process_response_into_experience(self, response: Any, **generate_kwargs: Any) -> Any:
+        experience = super()._process_response_into_experience(response, **generate_kwargs)
+        # The agent's trajectory rides on the experience until the step is logged (then it is dropped, so that it
+        # never travels to the training actors).
+        setattr(experience, TRAJECTORY_KEY, response.get(TRAJECTORY_KEY))
+        return experience
+
+    @torch.no_grad()
+    def generate_samples(self, **generate_kwargs: Any) -> Any:
+        self.sampler.take()
+        samples, *rest = super().generate_samples(**generate_kwargs)
+        groups, selections = self.sampler.take()
+        if not groups and samples:  # no selection ran (plain GRPO): every rollout is kept
+            keep = self.args.rollout.n_samples_per_prompt
+            records = [_Record.from_experience(e) for e in samples]
+            groups = [records[i : i + keep] for i in range(0, len(records), keep)]
+            selections = [list(range(len(g))) for g in groups]
+        if groups:
+            self._log_step(groups, selections, trains=bool(samples))
+        return (samples, *rest)
+
+    def _log_step(self, groups: list[list[_Record]], selections: list[list[int] | None], *, trains: bool) -> None:
+        from rstar_plugins.samplers.stats import batch_stats
+
+        keep = self.settings.group_size
+        stats = batch_stats(groups, selections, keep, sampler=self.sampler.inner)
+        self.last_step_stats = stats
+        kept_flags = [i in set(sel or ()) for group, sel in zip(groups, selections, strict=True)
+                      for i in range(len(group))]
+        rolled = [record.experience for group in groups for record in group]
+        for experience, kept in zip(rolled, kept_flags, strict=True):
+            if kept:
+                experience.info.update({f"{STATS_PREFIX}{k}": torch.tensor([float(v)]) for k, v in stats.items()})
+        step = None
+        if self.trajectory_log is not None:
+            step = self.trajectory_log.write_step(rolled, kept_flags, trains=trains)
+        for experience in rolled:
+            if hasattr(experience, TRAJECTORY_KEY):
+                delattr(experience, TRAJECTORY_KEY)
+        logger.info(
+            "RoC step %s: correct trajectories' tool-error ratio %.3f before selection, %.3f kept; positives "
+            "kept %d of %d, negatives kept %d of %d; groups dropped %d of %d",
+            step if step is not None else "-", stats.get("all_pos/tool_error_ratio", float("nan")),
+            stats.get("kept_pos/tool_error_ratio", float("nan")), int(stats["positives_kept"]),
+            int(stats["positives"]), int(stats["negatives_kept"]), int(stats["negatives"]),
+            int(stats["groups_dropped"]), int(stats["groups"]),
+        )
 
     @torch.no_grad()
     def generate_eval_samples(self, **generate_kwargs: Any) -> Any:
@@ -160,7 +260,7 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
 
     def _generate_vllm(self, dataloader_iter: Any, num_prompts: int, dynamic_filtering: Any, **generate_kwargs: Any):
         if self._evaluating or (self.settings.oversample == 1 and self.sampler.name == "grpo"):
-            return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+            return self._generate_queued(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         keep = self.settings.group_size
         rollouts = self.settings.rollouts_per_prompt
         generate_kwargs = {**generate_kwargs, "n_samples_per_prompt": rollouts}
@@ -169,7 +269,7 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
         consumed_all = 0
         wanted = num_prompts
         while True:
-            experiences, consumed, exhausted = super()._generate_vllm(
+            experiences, consumed, exhausted = self._generate_queued(
                 dataloader_iter, wanted, dynamic_filtering, **generate_kwargs
             )
             consumed_all += consumed

@@ -1,0 +1,70 @@
+"""Held-out evaluation of a model being trained: does it call the tool, answer in format, answer right?"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from statistics import fmean
+from typing import Any
+
+from rstar_env.config import RunConfig
+from rstar_env.rollout.collect import collect, jobs_for
+from rstar_env.rollout.local import TransformersPolicy
+from rstar_env.rollout.metrics import has_answer_format
+from rstar_env.rollout.policy import SamplingParams
+from rstar_env.trajectory import Trajectory
+from rstar_env.vector import MathToolVectorEnv
+
+
+def well_formed_calls(trajectory: Trajectory) -> int:
+    """Tool calls that parsed and named a tool (whatever their code then did): the format was right."""
+    return sum(call.error != "bad_call" for call in trajectory.tool_calls)
+
+
+def tool_use_summary(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """``tool_call_share`` (trajectories with at least one well-formed call), ``answer_format_share`` (final action
+    with one ``<answer>`` holding ``\\boxed{}``), ``pass@1`` (strict reward > 0), calls and errors. System failures
+    (env_error, policy_error) are left out."""
+    scored = [t for t in trajectories if not t.failed]
+    if not scored:
+        return {"episodes": 0.0}
+    calls = sum(t.num_tool_calls for t in scored)
+    return {
+        "episodes": float(len(scored)),
+        "pass@1": fmean(float(t.reward > 0) for t in scored),
+        "tool_call_share": fmean(float(well_formed_calls(t) > 0) for t in scored),
+        "answer_format_share": fmean(float(has_answer_format(t)) for t in scored),
+        "tool_calls_per_trajectory": calls / len(scored),
+        "tool_error_ratio": sum(t.num_tool_errors for t in scored) / calls if calls else 0.0,
+        "response_tokens": fmean(float(t.response_tokens or 0) for t in scored),
+    }
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    run: RunConfig,
+    rows: Sequence[Any],
+    *,
+    max_new_tokens: int,
+    max_response_tokens: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+    samples: int = 1,
+    width: int = 32,
+    batch_size: int = 32,
+    device: str = "cpu",
+) -> tuple[dict[str, float], list[Trajectory]]:
+    """Roll ``model`` out on ``rows`` in ``run``'s env (its tools, reward, turns) and summarise tool use; the model
+    is put in eval mode and left there."""
+    model.eval()
+    policy = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, device=device,
+                                sampling=SamplingParams(temperature, 1.0, max_new_tokens, seed))
+    jobs = jobs_for(rows, samples)
+    env = MathToolVectorEnv(min(width, len(jobs)), config=run, tokenizer=tokenizer, max_length=max_response_tokens,
+                            length_unit="tokens")
+    try:
+        trajectories = asyncio.run(collect(policy, jobs, env=env))
+    finally:
+        env.close()
+    return tool_use_summary(trajectories), trajectories
