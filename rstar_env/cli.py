@@ -532,8 +532,12 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
     def show(metrics: dict[str, Any]) -> None:
         console.print("  ".join(f"{metrics.get(c, 0):>12.4g}" for c in columns))
 
+    def held_out(name: str, report: dict[str, float]) -> None:
+        label = "held-out before RL" if name == "eval_start" else "held-out after RL"
+        console.print(f"{label}: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+
     try:
-        trainer.train(max_steps=max_steps, on_step=show)
+        trainer.train(max_steps=max_steps, on_step=show, on_eval=held_out)
     except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback needed
         _fail(str(exc))
     except KeyboardInterrupt:

@@ -152,3 +152,39 @@ def test_answer_helper_is_scored_by_the_real_math_reward():
     reward = load_reward("math")
     result = asyncio.run(reward.score(answer("\\frac{1}{2}"), "0.5"))
     assert result.reward == 1.0
+
+
+def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(smollm2, monkeypatch):
+    """Contexts that open with the same system prompt share its prefill ([prefix | padding | rest] layout); the
+    next-token log-probs and a greedy continuation are those of prefilling every context whole."""
+    from rstar_env.rollout import local
+
+    model, tokenizer = smollm2
+    system = tokenizer.encode("You are a careful assistant. Solve the problem and show your work. " * 3)
+    contexts = [system + tokenizer.encode(q) for q in ("What is 3 + 4?", "Compute 12 * 11 - 5, then halve it.",
+                                                        "2 + 2?")]
+    assert local._common_prefix_length(contexts) >= len(system) >= local._MIN_SHARED_PREFIX
+
+    def run(policy):
+        requests = [Request(None, c, None) for c in contexts]  # type: ignore[arg-type]
+        generations = policy.generate_sync(requests)
+        return [g.token_ids for g in generations], [g.logprobs for g in generations]
+
+    calls = []
+    real_forward = model.forward
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return real_forward(*args, **kwargs)
+
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    monkeypatch.setattr(model, "forward", counting)
+    shared_ids, shared_logprobs = run(TransformersPolicy(model, tokenizer=tokenizer, sampling=greedy, batch_size=3))
+    assert calls[0] == (1, local._common_prefix_length(contexts))  # the prefix ran once, alone
+    monkeypatch.setattr(local, "_MIN_SHARED_PREFIX", 10**9)
+    calls.clear()
+    whole_ids, whole_logprobs = run(TransformersPolicy(model, tokenizer=tokenizer, sampling=greedy, batch_size=3))
+    assert calls[0] == (3, max(len(c) for c in contexts))
+    assert shared_ids == whole_ids
+    for a, b in zip(shared_logprobs, whole_logprobs, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=2e-3)

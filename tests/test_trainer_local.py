@@ -97,9 +97,19 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path, smollm2):
 
 def test_plot_and_filter_hard_from_a_run(tmp_path, smollm2):
     pytest.importorskip("matplotlib")
-    trainer = make(run_config(tmp_path, steps=1, max_new_tokens=6), smollm2)
-    trainer.train()
+    rows = str(tmp_path / "rows.jsonl")
+    trainer = make(run_config(tmp_path, steps=1, max_new_tokens=6, eval_dataset=rows, eval_at_start=True), smollm2)
+    reports = []
+    trainer.train(on_eval=lambda name, report: reports.append(name))
     trainer.close()
+    # The held-out set was rolled out before the first step and after the last, with the same settings.
+    assert reports == ["eval_start", "eval"]
+    for name in reports:
+        report = json.loads((tmp_path / "run" / f"{name}.json").read_text())
+        assert report["episodes"] == len(ROWS) and 0 <= report["pass@1"] <= 1
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 1] and "eval_start/pass@1" in metrics[0]
+    assert metrics[1]["mem/peak_rss_gib"] > 0.1
     runner = CliRunner()
     result = runner.invoke(main, ["plot", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output

@@ -248,26 +248,15 @@ class TransformersPolicy:
         for r in rows:
             unique.setdefault(tuple(r.context), len(unique))
         contexts = list(unique)
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(contexts), width), dtype=torch.long)
-        for i, context in enumerate(contexts):  # left padding: every row's next token sits in the last column
-            ids[i, width - len(context) :] = torch.tensor(context)
-            mask[i, width - len(context) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         temperature, top_p = self.sampling.temperature, self.sampling.top_p
         with torch.no_grad():
-            # Only the last position's logits are sampled from: the full [rows, width, vocab] would be most of the
-            # memory of a long batch (49k-token vocabulary).
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                             logits_to_keep=1)
+            past, mask, positions, logits = self._prefill(contexts)
             expand = torch.tensor([unique[tuple(r.context)] for r in rows], device=self.device)
-            past = out.past_key_values
             if len(contexts) != len(rows):
                 past.reorder_cache(expand)
-            logits = out.logits[:, -1, :].float()[expand]
+            logits = logits[expand]
             mask, step_pos = mask[expand], positions[expand][:, -1:]
+            live = list(rows)  # the rows still in the batch, in cache order
             for _ in range(max(r.cap for r in rows)):
                 if temperature == 0:
                     chosen = logits.argmax(-1)
@@ -276,21 +265,68 @@ class TransformersPolicy:
                     logp = torch.log_softmax(logits / temperature, -1)
                     chosen = _sample_top_p(logp, top_p, self._generator)
                     logprobs = logp.gather(-1, chosen[:, None])[:, 0]
-                for i, r in enumerate(rows):
+                for i, r in enumerate(live):
                     if r.finish is None:
                         self._append(r, int(chosen[i]), float(logprobs[i]))
-                if all(r.finish is not None for r in rows):
+                going = [i for i, r in enumerate(live) if r.finish is None]
+                if not going:
                     break
+                if len(going) <= len(live) * 3 // 4:
+                    # Lengths are long-tailed: once a quarter of the batch has finished, drop the finished rows
+                    # from the cache rather than keep computing them until the longest row ends.
+                    keep = torch.tensor(going, device=self.device)
+                    past.reorder_cache(keep)
+                    mask, step_pos = mask[keep], step_pos[keep]
+                    live = [live[i] for i in going]
                 step_ids = torch.tensor(
-                    [[r.ids[-1] if r.finish is None else self.pad_id] for r in rows], device=self.device
+                    [[r.ids[-1] if r.finish is None else self.pad_id] for r in live], device=self.device
                 )
                 step_pos = step_pos + 1
-                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
+                mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], dim=1)
                 out = self.model(
                     input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
                 )
                 past = out.past_key_values
                 logits = out.logits[:, -1, :].float()
+
+    def _prefill(self, contexts: list[tuple[int, ...]]) -> tuple[Any, Any, Any, Any]:
+        """Run ``contexts`` through the model; returns the KV cache, the attention mask and position ids it was
+        built with, and each context's next-token logits (float).
+
+        Contexts that start alike (every episode's prompt opens with the same system prompt and tool schemas)
+        share that prefix's prefill: it runs once, its cache is copied to every row, and only each row's rest is
+        prefilled, laid out as ``[prefix | left padding | rest]`` so that every row's next token sits in the last
+        column. Only the last position's logits are computed: the full ``[rows, width, vocab]`` would be most of
+        the memory of a long batch (49k-token vocabulary).
+        """
+        torch = self.torch
+        shared = _common_prefix_length(contexts) if len(contexts) > 1 else 0
+        if shared < _MIN_SHARED_PREFIX:
+            shared = 0
+        rests = [c[shared:] for c in contexts]
+        width = max(len(r) for r in rests)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
+        rest_mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, rest in enumerate(rests):  # left padding: every row's next token sits in the last column
+            ids[i, width - len(rest) :] = torch.tensor(rest)
+            rest_mask[i, width - len(rest) :] = 1
+        ids, rest_mask = ids.to(self.device), rest_mask.to(self.device)
+        past = None
+        mask = rest_mask
+        if shared:
+            head = torch.tensor([contexts[0][:shared]], dtype=torch.long, device=self.device)
+            past = self.model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+            past.reorder_cache(torch.zeros(len(contexts), dtype=torch.long, device=self.device))
+            mask = torch.cat([torch.ones((len(contexts), shared), dtype=torch.long, device=self.device), rest_mask], 1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        # In chunks of columns: attention over a padded batch materialises [rows, heads, queries, keys] scores,
+        # which for 32 rows of 700 tokens would be the biggest allocation of a training step.
+        for lo in range(0, width, _PREFILL_CHUNK):
+            hi = min(lo + _PREFILL_CHUNK, width)
+            out = self.model(input_ids=ids[:, lo:hi], attention_mask=mask[:, : shared + hi],
+                             position_ids=positions[:, lo:hi], past_key_values=past, use_cache=True, logits_to_keep=1)
+            past = out.past_key_values
+        return past, mask, positions, out.logits[:, -1, :].float()
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
         row.ids.append(token)
@@ -304,6 +340,21 @@ class TransformersPolicy:
 
     async def aclose(self) -> None:
         return None
+
+
+_PREFILL_CHUNK = 256
+"""Columns prefilled per forward pass."""
+_MIN_SHARED_PREFIX = 16
+"""Shorter common prefixes are prefilled with the rest: a separate pass would cost more than it saves."""
+
+
+def _common_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
+    """Tokens every context starts with, leaving each at least one token of its own (its next-token logits)."""
+    first, limit = contexts[0], min(len(c) for c in contexts) - 1
+    n = 0
+    while n < limit and all(c[n] == first[n] for c in contexts):
+        n += 1
+    return max(n, 0)
 
 
 def _sample_top_p(logp: Any, top_p: float, generator: Any) -> Any:

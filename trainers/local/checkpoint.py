@@ -63,6 +63,15 @@ def release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, in GiB (logged each step: where a run's memory goes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
+
+
 def save_pretrained(model: Any, tokenizer: Any, out: Path) -> Path:
     """Write the model and its tokenizer as a Hugging Face directory ``out / "model"`` (what `eval --model` loads)."""
     path = out / "model"

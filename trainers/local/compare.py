@@ -66,7 +66,7 @@ def run_compare(
             arm_run.sampler = type(run.sampler).model_validate(sampler)
             arm_settings = settings.model_copy(update={
                 "seed": seed, "steps": steps, "model": model, "output_dir": str(arm_dir(root, arm, seed)),
-                "sft": None, "save_model": False, "save_trajectories": False,
+                "sft": None, "save_model": False, "save_trajectories": False, "eval_at_start": False,
             })
             loaded = None
             if model_and_tokenizer is not None:

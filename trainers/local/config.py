@@ -31,6 +31,8 @@ class LocalSFTConfig(BaseModel):
     eval_dataset: str | None = None
     """Held-out problems (a dataset source) rolled out after training: tool-use and answer-format shares."""
     eval_max_new_tokens: PositiveInt = 96
+    eval_temperature: NonNegativeFloat = 1.0
+    """Sampling temperature of the held-out rollouts (0 is greedy)."""
     output_dir: str = "runs/sft"
     seed: int = 42
     device: str = "cpu"
@@ -143,8 +145,14 @@ class LocalTrainerConfig(BaseModel):
     save_trajectories: bool = True
     """Append every step's trajectories to ``output_dir/trajectories.jsonl`` (input of ``rstar-env filter-hard``)."""
     eval_dataset: str | None = None
-    """Held-out problems rolled out at the end (and by ``rstar-env compare`` before training): pass@1 under the run's
-    reward, tool-call and answer-format shares, written to ``output_dir/eval.json``."""
+    """Held-out problems rolled out once each at the end: pass@1 under the run's reward, tool-call and answer-format
+    shares, written to ``output_dir/eval.json``."""
+    eval_at_start: bool = False
+    """Also roll ``eval_dataset`` out before the first step, with the same settings (``output_dir/eval_start.json``):
+    the starting point (e.g. the SFT model's) measured exactly as the end is."""
+    eval_temperature: NonNegativeFloat | None = None
+    """Sampling temperature of the held-out rollouts (default: ``temperature``, so pass@1 is the success rate of
+    the policy being trained; 0 is greedy)."""
     save_model: bool = True
     """Save the final weights in Hugging Face format under ``output_dir/model`` (loadable by ``rstar-env eval``)."""
 

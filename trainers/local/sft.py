@@ -26,10 +26,10 @@ import torch
 
 from rstar_env.config import RunConfig
 from rstar_env.data import DataError, load_dataset
-from rstar_env.rollout.local import load_model
 from rstar_env.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
 from rstar_trainers.local.checkpoint import (
     global_rng_state,
+    peak_rss_gib,
     read_checkpoint,
     release_memory,
     restore_global_rng,
@@ -40,7 +40,7 @@ from rstar_trainers.local.config import LocalSFTConfig
 from rstar_trainers.local.heldout import evaluate_model
 from rstar_trainers.local.logging import MetricsLogger
 from rstar_trainers.local.loss import masked_token_logprobs
-from rstar_trainers.local.trainer import DataCursor, _enable_checkpointing, _seed_everything
+from rstar_trainers.local.trainer import DataCursor, prepare_training
 
 
 def lr_factor(name: str, step: int, total: int, warmup: int, min_ratio: float = 0.1) -> float:
@@ -81,22 +81,12 @@ class SFTTrainer:
         self.run = run
         self.cfg = settings
         self.out = Path(settings.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
-        _seed_everything(settings.seed)
-        if model_and_tokenizer is not None:
-            self.model, self.tokenizer = model_and_tokenizer
-        else:
-            self.model, self.tokenizer = load_model(settings.model, device=settings.device, cache=False)
+        self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
         self.examples = examples if examples is not None else self.load_examples()
         if not self.examples:
             raise DataError(f"the SFT dataset {settings.dataset!r} has no conversation with an assistant token")
         self.total_steps = math.ceil(len(self.examples) * settings.max_epochs / settings.train_batch_size)
         warmup = round(self.total_steps * settings.lr_warmup_ratio)
-        # foreach=False: the fused multi-tensor update would hold temporaries the size of all parameters at once.
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, betas=settings.adam_betas,
-                                           weight_decay=settings.weight_decay, foreach=False)
-        if settings.gradient_checkpointing:
-            _enable_checkpointing(self.model)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(settings.lr_scheduler, s, self.total_steps, warmup))
         self.cursor = DataCursor()
@@ -195,6 +185,7 @@ class SFTTrainer:
             "train/tokens": float(sum(len(self.examples[i].input_ids) for i in batch)),
             "data/epoch": self.cursor.epoch,
             "time/step_s": elapsed,
+            "mem/peak_rss_gib": peak_rss_gib(),
         }
         self.logger.log(metrics, self.step)
         return metrics
@@ -217,7 +208,7 @@ class SFTTrainer:
         rows = load_dataset(self.cfg.eval_dataset, limit=limit)
         report, _ = evaluate_model(self.model, self.tokenizer, self.run, list(rows),
                                    max_new_tokens=self.cfg.eval_max_new_tokens, max_response_tokens=self.cfg.max_len,
-                                   seed=self.cfg.seed, device=self.cfg.device)
+                                   temperature=self.cfg.eval_temperature, seed=self.cfg.seed, device=self.cfg.device)
         return report
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
@@ -314,5 +305,22 @@ def run_sft_stage_isolated(run: RunConfig, settings: LocalSFTConfig) -> tuple[Pa
 
 
 def _sft_child(run: RunConfig, settings: LocalSFTConfig) -> tuple[Path | None, dict[str, float]]:
+    _die_with_parent()
     print("        step          loss     grad_norm            lr        step_s", flush=True)
     return run_sft_stage(run, settings, on_step=_print_step)
+
+
+def _die_with_parent() -> None:
+    """A killed parent takes the SFT child with it (Linux): the pool's own cleanup never runs on SIGKILL/SIGTERM,
+    and an orphaned child would keep training and writing into the run directory."""
+    import contextlib
+    import ctypes
+    import os
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the line above ran
+            os._exit(1)

@@ -44,6 +44,7 @@ from rstar_env.trajectory import Trajectory
 from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.checkpoint import (
     global_rng_state,
+    peak_rss_gib,
     read_checkpoint,
     release_memory,
     restore_global_rng,
@@ -101,23 +102,11 @@ class LocalTrainer:
         self.run = run
         self.cfg = settings
         self.out = Path(settings.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
-        _seed_everything(settings.seed)
-        if model_and_tokenizer is not None:
-            self.model, self.tokenizer = model_and_tokenizer
-        else:
-            self.model, self.tokenizer = load_model(settings.model, device=settings.device, cache=False)
+        self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
         self.model.train()
         self.reference = None
         if settings.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        # foreach=False: the fused multi-tensor update would hold temporaries the size of all parameters at once.
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay,
-            foreach=False,
-        )
-        if settings.gradient_checkpointing:
-            _enable_checkpointing(self.model)
         self.policy = TransformersPolicy(
             self.model,
             tokenizer=self.tokenizer,
@@ -153,9 +142,13 @@ class LocalTrainer:
         return cls(run, trainer_config(run, **overrides), resume=resume)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
-    def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises."""
+    def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
+              on_eval: Callable[[str, dict[str, float]], None] | None = None) -> None:
+        """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises.
+        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written."""
         target = self.cfg.steps if max_steps is None else min(self.cfg.steps, self.step + max_steps)
+        if self.cfg.eval_at_start and self.step == 0:
+            self._held_out("eval_start", on_eval)
         try:
             while self.step < target:
                 metrics = self.train_step()
@@ -170,23 +163,33 @@ class LocalTrainer:
             self.logger.flush()
         self.save()
         if self.step >= self.cfg.steps:
-            if self.cfg.eval_dataset and not (self.out / "eval.json").exists():
-                report = self.evaluate()
-                self.logger.log({"step": self.step, **{f"eval/{k}": v for k, v in report.items()}}, self.step)
-                (self.out / "eval.json").write_text(json.dumps(report, indent=2))
+            self._held_out("eval", on_eval)
             if self.cfg.save_model:
                 self.save_model()
 
+    def _held_out(self, name: str, on_eval: Callable[[str, dict[str, float]], None] | None) -> None:
+        """Evaluate on ``eval_dataset`` once per run directory: ``{name}.json`` and ``{name}/...`` metrics."""
+        path = self.out / f"{name}.json"
+        if not self.cfg.eval_dataset or path.exists():
+            return
+        report = self.evaluate()
+        self.logger.log({"step": self.step, **{f"{name}/{k}": v for k, v in report.items()}}, self.step)
+        self.logger.flush()
+        path.write_text(json.dumps(report, indent=2))
+        if on_eval is not None:
+            on_eval(name, report)
+
     def evaluate(self, dataset: str | None = None) -> dict[str, float]:
         """Roll the current weights out once on each held-out problem (``eval_dataset``) with the training
-        sampling settings; the report of :func:`~rstar_trainers.local.heldout.tool_use_summary`."""
+        limits and ``eval_temperature``; the report of :func:`~rstar_trainers.local.heldout.tool_use_summary`."""
         from rstar_trainers.local.heldout import evaluate_model
 
         rows = list(load_dataset(dataset or self.cfg.eval_dataset))
         report, _ = evaluate_model(self.model, self.tokenizer, self.run, rows,
                                    max_new_tokens=self.cfg.max_new_tokens,
                                    max_response_tokens=self.cfg.max_response_tokens,
-                                   temperature=self.cfg.temperature, seed=self.cfg.seed + 10_000,
+                                   temperature=self.cfg.temperature if self.cfg.eval_temperature is None
+                                   else self.cfg.eval_temperature, seed=self.cfg.seed + 10_000,
                                    width=self.cfg.rollout_width, batch_size=self.cfg.generation_batch_size,
                                    device=self.cfg.device)
         return report
@@ -224,6 +227,7 @@ class LocalTrainer:
             "time/tools_and_reward_s": max(rollout_s - generation_s, 0.0),
             "time/train_s": train_s,
             "time/step_s": time.perf_counter() - started,
+            "mem/peak_rss_gib": peak_rss_gib(),
             "data/epoch": self.cursor.epoch,
             **engine_stats_metrics(_step_stats(engines_before, self.rollout_policy.stats())),
         }
@@ -426,6 +430,23 @@ def rollout_metrics(
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.shape[0] == width else torch.nn.functional.pad(t, (0, width - t.shape[0]))
+
+
+def prepare_training(settings: Any, model_and_tokenizer: tuple[Any, Any] | None) -> tuple[Any, Any, Any]:
+    """What both local trainers start with: the output directory, every generator seeded, the model (given, or
+    loaded from ``settings.model``) with gradient checkpointing as configured, and its AdamW optimizer."""
+    Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+    _seed_everything(settings.seed)
+    if model_and_tokenizer is not None:
+        model, tokenizer = model_and_tokenizer
+    else:
+        model, tokenizer = load_model(settings.model, device=settings.device, cache=False)
+    # foreach=False: the fused multi-tensor update would hold temporaries the size of all parameters at once.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,
+                                  weight_decay=settings.weight_decay, foreach=False)
+    if settings.gradient_checkpointing:
+        _enable_checkpointing(model)
+    return model, tokenizer, optimizer
 
 
 def _enable_checkpointing(model: Any) -> None:
