@@ -26,6 +26,22 @@ def restore_global_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python_rng"])
 
 
+def training_state(model: Any, optimizer: Any, step: int, cursor: Any) -> dict[str, Any]:
+    """What every local trainer's checkpoint holds: weights, optimizer, step, data position (``cursor.epoch``,
+    ``cursor.position``) and the global generators; a trainer adds its own extras."""
+    return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "cursor": (cursor.epoch, cursor.position), **global_rng_state()}
+
+
+def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any) -> tuple[int, tuple[int, int]]:
+    """Load :func:`training_state`'s part of ``state`` into ``model``, ``optimizer`` and the global generators;
+    returns the step and the data position."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    restore_global_rng(state)
+    return state["step"], tuple(state["cursor"])
+
+
 def write_checkpoint(root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Save ``state`` as step ``step`` under ``root``; keep the newest ``keep`` checkpoints."""
     path = root / f"step_{step:06d}"

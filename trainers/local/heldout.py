@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from statistics import fmean
 from typing import Any
 
@@ -68,3 +70,19 @@ def evaluate_model(
     finally:
         env.close()
     return tool_use_summary(trajectories), trajectories
+
+
+def record_held_out(out: Path, name: str, step: int, logger: Any, evaluate: Callable[[], dict[str, float]],
+                    on_eval: Callable[[str, dict[str, float]], None] | None = None) -> dict[str, float] | None:
+    """Run ``evaluate`` once per run directory: the report goes to ``out/{name}.json`` and, as ``{name}/...``, to
+    the metrics at ``step``. Returns ``None`` when ``{name}.json`` already exists (a rerun does not redo it)."""
+    path = out / f"{name}.json"
+    if path.exists():
+        return None
+    report = evaluate()
+    logger.log({"step": step, **{f"{name}/{k}": v for k, v in report.items()}}, step)
+    logger.flush()
+    path.write_text(json.dumps(report, indent=2))
+    if on_eval is not None:
+        on_eval(name, report)
+    return report

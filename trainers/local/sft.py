@@ -28,16 +28,16 @@ from rstar_env.config import RunConfig
 from rstar_env.data import DataError, load_dataset
 from rstar_env.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
 from rstar_trainers.local.checkpoint import (
-    global_rng_state,
     peak_rss_gib,
     read_checkpoint,
     release_memory,
-    restore_global_rng,
+    restore_training_state,
     save_pretrained,
+    training_state,
     write_checkpoint,
 )
 from rstar_trainers.local.config import LocalSFTConfig
-from rstar_trainers.local.heldout import evaluate_model
+from rstar_trainers.local.heldout import evaluate_model, record_held_out
 from rstar_trainers.local.logging import MetricsLogger
 from rstar_trainers.local.loss import masked_token_logprobs
 from rstar_trainers.local.trainer import DataCursor, prepare_training
@@ -146,9 +146,7 @@ class SFTTrainer:
         self.save()
         if self.step >= self.total_steps:
             if self.cfg.eval_dataset:
-                report = self.evaluate()
-                self.logger.log({"step": self.step, **{f"eval/{k}": v for k, v in report.items()}}, self.step)
-                (self.out / "eval.json").write_text(json.dumps(report, indent=2))
+                record_held_out(self.out, "eval", self.step, self.logger, self.evaluate)
             if self.cfg.save_hf:
                 self.save_model()
 
@@ -221,26 +219,18 @@ class SFTTrainer:
         return self.step >= self.total_steps
 
     def save(self) -> Path:
-        return write_checkpoint(self.checkpoint_dir, self.step, {
-            "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "cursor": (self.cursor.epoch, self.cursor.position),
-            **global_rng_state(),
-        }, self.cfg.keep_checkpoints)
+        state = training_state(self.model, self.optimizer, self.step, self.cursor)
+        return write_checkpoint(self.checkpoint_dir, self.step, {**state, "scheduler": self.scheduler.state_dict()},
+                                self.cfg.keep_checkpoints)
 
     def resume(self) -> bool:
         """Load the latest checkpoint under ``output_dir``, if any."""
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
             return False
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, cursor = restore_training_state(state, self.model, self.optimizer)
+        self.cursor = DataCursor(*cursor)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step = state["step"]
-        self.cursor = DataCursor(*state["cursor"])
-        restore_global_rng(state)
         self.logger.truncate_after(self.step)
         return True
 

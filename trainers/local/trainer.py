@@ -43,15 +43,16 @@ from rstar_env.sampler import checked_select
 from rstar_env.trajectory import Trajectory
 from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.checkpoint import (
-    global_rng_state,
     peak_rss_gib,
     read_checkpoint,
     release_memory,
-    restore_global_rng,
+    restore_training_state,
     save_pretrained,
+    training_state,
     write_checkpoint,
 )
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
+from rstar_trainers.local.heldout import evaluate_model, record_held_out
 from rstar_trainers.local.logging import MetricsLogger, truncate_jsonl
 from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, masked_token_logprobs
 
@@ -168,22 +169,12 @@ class LocalTrainer:
                 self.save_model()
 
     def _held_out(self, name: str, on_eval: Callable[[str, dict[str, float]], None] | None) -> None:
-        """Evaluate on ``eval_dataset`` once per run directory: ``{name}.json`` and ``{name}/...`` metrics."""
-        path = self.out / f"{name}.json"
-        if not self.cfg.eval_dataset or path.exists():
-            return
-        report = self.evaluate()
-        self.logger.log({"step": self.step, **{f"{name}/{k}": v for k, v in report.items()}}, self.step)
-        self.logger.flush()
-        path.write_text(json.dumps(report, indent=2))
-        if on_eval is not None:
-            on_eval(name, report)
+        if self.cfg.eval_dataset:
+            record_held_out(self.out, name, self.step, self.logger, self.evaluate, on_eval)
 
     def evaluate(self, dataset: str | None = None) -> dict[str, float]:
         """Roll the current weights out once on each held-out problem (``eval_dataset``) with the training
         limits and ``eval_temperature``; the report of :func:`~rstar_trainers.local.heldout.tool_use_summary`."""
-        from rstar_trainers.local.heldout import evaluate_model
-
         rows = list(load_dataset(dataset or self.cfg.eval_dataset))
         report, _ = evaluate_model(self.model, self.tokenizer, self.run, rows,
                                    max_new_tokens=self.cfg.max_new_tokens,
@@ -343,14 +334,11 @@ class LocalTrainer:
 
     def save(self) -> Path:
         """Write a checkpoint of everything a resumed run needs; keep the newest ``keep_checkpoints``."""
+        state = training_state(self.model, self.optimizer, self.step, self.cursor)
         return write_checkpoint(self.checkpoint_dir, self.step, {
-            "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "cursor": (self.cursor.epoch, self.cursor.position),
+            **state,
             "sampler_rng": self.sampler_rng.bit_generator.state,
             "policy_rng": self.policy._generator.get_state(),
-            **global_rng_state(),
         }, self.cfg.keep_checkpoints)
 
     def resume(self) -> bool:
@@ -358,13 +346,10 @@ class LocalTrainer:
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
             return False
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = state["step"]
-        self.cursor = DataCursor(*state["cursor"])
+        self.step, cursor = restore_training_state(state, self.model, self.optimizer)
+        self.cursor = DataCursor(*cursor)
         self.sampler_rng.bit_generator.state = state["sampler_rng"]
         self.policy._generator.set_state(state["policy_rng"])
-        restore_global_rng(state)
         self.logger.truncate_after(self.step)
         truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
         return True
