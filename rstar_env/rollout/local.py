@@ -354,7 +354,7 @@ def _common_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
     n = 0
     while n < limit and all(c[n] == first[n] for c in contexts):
         n += 1
-    return max(n, 0)
+    return n
 
 
 def _sample_top_p(logp: Any, top_p: float, generator: Any) -> Any:
