@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import pickle
-import sys
 import time
 import traceback
 import uuid
@@ -58,6 +57,9 @@ from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolRe
 
 PluginLike = str | dict[str, Any] | PluginSpec | Any
 
+STEP_LIMIT_OPTION = "max_episode_steps"
+"""The ``reset`` option that limits one episode's steps (scored as ``time_limit``)."""
+
 
 class RewardError(RuntimeError):
     """The verifier failed to judge an answer (it raised): the episode ends as an ``env_error``, unscored."""
@@ -85,9 +87,11 @@ class MathToolEnv(gymnasium.Env[str, str]):
         tokenizer: counts tokens for ``length_unit: tokens`` and fills token ids in the trajectory.
         preset: a named bundle of settings laid under the others (``"rstar2"``: the reference implementation's
             episode, see :mod:`rstar_env.presets`).
-        max_episode_steps: cut an episode after this many steps as ``time_limit``, scored like ``max_turns``. A
-            gymnasium ``TimeLimit`` around the env (``gym.make(..., max_episode_steps=n)``) is found at ``reset``
-            and applied the same way, so the step it truncates is scored too.
+        max_episode_steps: cut every episode after this many steps as ``time_limit``, scored like ``max_turns``.
+            One episode's limit can also come with its reset, ``reset(options={..., "max_episode_steps": n})``,
+            which is how :class:`rstar_env.wrappers.TimeLimit` and :class:`rstar_env.wrappers.EnvAPI` make the
+            step they truncate a scored one. The env never looks for wrappers around it: gymnasium's own
+            ``TimeLimit`` (what ``gym.make(..., max_episode_steps=n)`` adds) truncates from outside, unscored.
         **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
 
     Copies (``pickle``, ``copy.deepcopy``) keep the config, the loaded dataset and the random state, so the same seed
@@ -137,7 +141,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self.chat_format: ChatFormat = get_chat_format(cfg.env.chat_format)
 
         self.max_episode_steps = max_episode_steps
-        self._wrapper_time_limit: int | None = None  # from a gymnasium TimeLimit found at the last reset()
+        self._episode_step_limit: int | None = None  # from the current episode's reset options
 
         self._owned: list[Any] = []  # plugins this env built, and so closes
         # The release of what the plugins hold must not depend on close(): a dropped env releases it when collected.
@@ -184,8 +188,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     # -- gymnasium API -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset."""
-        self._wrapper_time_limit = _time_limit_around(self)
+        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset;
+        see :meth:`areset`."""
         return _aio.run_sync(self.areset(seed=seed, options=options))
 
     def step(
@@ -233,7 +237,6 @@ class MathToolEnv(gymnasium.Env[str, str]):
             "tokenizer": self.tokenizer,
             "render_mode": self.render_mode,
             "max_episode_steps": self.max_episode_steps,
-            "wrapper_time_limit": self._wrapper_time_limit,
             "dataset": self._dataset,
             "np_random": self._np_random,
             "np_random_seed": self._np_random_seed,
@@ -249,7 +252,6 @@ class MathToolEnv(gymnasium.Env[str, str]):
             render_mode=state["render_mode"],
             max_episode_steps=state["max_episode_steps"],
         )
-        self._wrapper_time_limit = state["wrapper_time_limit"]
         self._dataset = state["dataset"]
         self._np_random = state["np_random"]
         self._np_random_seed = state["np_random_seed"]
@@ -259,9 +261,16 @@ class MathToolEnv(gymnasium.Env[str, str]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset
+        when no problem is given. ``options["max_episode_steps"]`` limits this episode alone (see ``time_limit``)."""
         super().reset(seed=seed)
         await self._end_episode()
-        row = dict(options) if options else self._draw()
+        row = dict(options or {})
+        limit = row.pop(STEP_LIMIT_OPTION, None)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"reset option {STEP_LIMIT_OPTION!r} must be a positive int or None, got {limit!r}")
+        self._episode_step_limit = limit
+        row = row or self._draw()
         problem, answer = row.get("problem"), row.get("answer")
         if problem is None or not str(problem).strip():
             raise ValueError(
@@ -411,9 +420,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     @property
     def time_limit(self) -> int | None:
-        """Steps after which an episode ends as ``time_limit``: ``max_episode_steps``, or a gymnasium ``TimeLimit``
-        around the env (found at the last synchronous ``reset``), whichever is smaller; ``None`` for none."""
-        limits = [n for n in (self.max_episode_steps, self._wrapper_time_limit) if n is not None]
+        """Steps after which the current episode ends as ``time_limit``: the env's ``max_episode_steps`` or the
+        ``max_episode_steps`` its reset options gave, whichever is smaller; ``None`` for none."""
+        limits = [n for n in (self.max_episode_steps, self._episode_step_limit) if n is not None]
         return min(limits) if limits else None
 
     @property
@@ -606,24 +615,6 @@ def _release_plugins(owned: list[Any]) -> None:
     else:
         # Collection can strike in any thread, even one holding a lock the closing needs: never wait here.
         _aio.spawn_on_background(_close_plugins(plugins))
-
-
-def _time_limit_around(env: MathToolEnv) -> int | None:
-    """The ``max_episode_steps`` of a gymnasium ``TimeLimit`` that this ``reset`` came through, if any.
-
-    Gymnasium gives an env no way to learn about the wrappers around it, and ``make`` even records
-    ``max_episode_steps=None`` in the env's own spec; yet a step that ``TimeLimit`` truncates must be scored by the
-    env. So look at the callers: the wrapper chain's ``reset`` frames (and gymnasium's helpers between them).
-    """
-    frame = sys._getframe(2)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, gymnasium.wrappers.TimeLimit) and owner.unwrapped is env:
-            return int(owner._max_episode_steps)
-        if not (isinstance(owner, gymnasium.Env) or frame.f_globals.get("__name__", "").startswith("gymnasium")):
-            return None
-        frame = frame.f_back
-    return None
 
 
 class _TimedOut(Exception):
