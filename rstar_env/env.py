@@ -38,7 +38,7 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium
 from pydantic import ValidationError
 
-from rstar_env import _aio
+from rstar_env import _aio, watchdog
 from rstar_env.config import ConfigError, DatasetSpec, EnvConfig, PluginSpec, RunConfig, load_config
 from rstar_env.format import (
     DEFAULT_SYSTEM_PROMPT,
@@ -49,13 +49,14 @@ from rstar_env.format import (
     parse_tool_calls,
     render_system_prompt,
 )
-from rstar_env.plugins import check_tool, load_reward, load_tool
+from rstar_env.plugins import check_tool, invoke, load_reward, load_tool
+from rstar_env.reward import Reward
 from rstar_env.spaces import TokenAction, UnicodeText
 from rstar_env.special_tokens import SpecialTokens, encode_parts
-from rstar_env.tool import EpisodeContext, validate_arguments
+from rstar_env.tool import EpisodeContext, Tool, validate_arguments
 from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolResult, Trajectory, Turn
 
-PluginLike = str | dict[str, Any] | PluginSpec | Any
+PluginLike = str | dict[str, Any] | PluginSpec | Tool | Reward
 
 STEP_LIMIT_OPTION = "max_episode_steps"
 """The ``reset`` option that limits one episode's steps (scored as ``time_limit``)."""
@@ -146,7 +147,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self._owned: list[Any] = []  # plugins this env built, and so closes
         # The release of what the plugins hold must not depend on close(): a dropped env releases it when collected.
         self._finalizer = weakref.finalize(self, _release_plugins, self._owned)
-        self.tools: dict[str, Any] = {}
+        self.tools: dict[str, Tool] = {}
         # How each tool and the reward were given (a spec, or a borrowed instance), for copies of this env.
         self._tool_entries: list[Any] = []
         specs = iter(cfg.tools)  # validated, in the order given
@@ -162,7 +163,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
                 raise ValueError(f"two tools are named {entry.name!r}; tool names must be unique in one env")
             self.tools[entry.name] = entry
         self._reward_entry: Any = cfg.reward if _is_spec(reward) else reward
-        self.reward_fn = (
+        self.reward_fn: Reward = (
             self._own(_built(load_reward(cfg.reward.name, **cfg.reward.options), cfg.reward))
             if _is_spec(reward)
             else reward
@@ -436,7 +437,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         """The live trajectory of the current episode (``info["trajectory"]`` is a snapshot of it)."""
         return self._trajectory
 
-    def tool_time_limit(self, tool: Any) -> float:
+    def tool_time_limit(self, tool: Tool) -> float:
         """Seconds one call of ``tool`` may take: ``env.tool_timeout_s``, or less when the tool asks for less with a
         ``call_timeout_s`` attribute (a tool can only lower the env's bound, never raise it)."""
         limit = self.settings.tool_timeout_s
@@ -492,7 +493,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
         start = time.perf_counter()
         limit = self.tool_time_limit(tool)
         try:
-            result = await _bounded(tool.call(parsed.arguments or {}, episode), limit)
+            result = await _bounded(
+                invoke(tool.call, parsed.arguments or {}, episode), limit, f"tool {tool.name!r} call"
+            )
             if not isinstance(result, ToolResult):
                 raise TypeError(f"{type(tool).__name__}.call returned {type(result).__name__}, not ToolResult")
         except _TimedOut:
@@ -520,7 +523,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
             action = "\n".join(turn.action for turn in traj.turns)
         limit = self.settings.reward_timeout_s
         try:
-            result = await _bounded(self.reward_fn.score(action, traj.answer), limit)
+            result = await _bounded(
+                invoke(self.reward_fn.score, action, traj.answer), limit, f"reward {self.reward_fn.name!r} score"
+            )
         except _TimedOut:
             raise RewardTimeout(
                 f"reward_timeout: the {self.reward_fn.name!r} verifier did not finish within {limit:g} s "
@@ -551,13 +556,16 @@ class MathToolEnv(gymnasium.Env[str, str]):
         return "", traj.reward, reason == "answer", reason != "answer", info
 
     async def _end_episode(self) -> None:
-        """Release every tool's per-episode state (stateful interpreters, ...)."""
+        """Release every tool's per-episode state (stateful interpreters, ...): its optional ``close(episode)``."""
         episode, self._episode = self._episode, None
         if episode is None:
             return
         for tool in self.tools.values():
+            close = getattr(tool, "close", None)
+            if close is None:
+                continue
             try:
-                await tool.close(episode)
+                await _bounded(invoke(close, episode), self.tool_time_limit(tool), f"tool {tool.name!r} close")
             except Exception as exc:  # closing must go on for the other tools
                 gymnasium.logger.warn(f"tool {tool.name!r} failed to close episode {episode.episode_id}: {exc}")
 
@@ -621,15 +629,19 @@ class _TimedOut(Exception):
     """A plugin call outlived its time limit."""
 
 
-async def _bounded(coro: Any, limit: float) -> Any:
+async def _bounded(coro: Any, limit: float, name: str) -> Any:
     """Await ``coro`` for at most ``limit`` seconds, else raise :class:`_TimedOut`.
 
-    The call runs as a task that is cancelled, not awaited, past the limit: a plugin that ignores cancellation
-    cannot hold the episode. A plugin that blocks the event loop (``time.sleep`` in ``async def``) cannot be
-    interrupted, but the result it returns late is still treated as a timeout, never as a valid one.
+    The call runs as a task named ``name`` (what the loop watchdog reports when it blocks the loop) that is
+    cancelled, not awaited, past the limit: a plugin that ignores cancellation cannot hold the episode. A plain
+    (``def``) plugin method runs in a thread (:func:`~rstar_env.plugins.invoke`), so its limit holds; one that
+    blocks the event loop (``time.sleep`` in ``async def``) cannot be interrupted, but the result it returns late is
+    still treated as a timeout, never as a valid one.
     """
+    loop = asyncio.get_running_loop()
+    watchdog.watch(loop)
     start = time.perf_counter()
-    task = asyncio.ensure_future(coro)
+    task = loop.create_task(coro, name=name)
     try:
         done, _ = await asyncio.wait({task}, timeout=limit)
     except asyncio.CancelledError:  # the step itself was cancelled: so is the call it was waiting for
