@@ -90,7 +90,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
             episode, see :mod:`rstar_env.presets`).
         max_episode_steps: cut every episode after this many steps as ``time_limit``, scored like ``max_turns``.
             One episode's limit can also come with its reset, ``reset(options={..., "max_episode_steps": n})``,
-            which is how :class:`rstar_env.wrappers.TimeLimit` and :class:`rstar_env.wrappers.EnvAPI` make the
+            which is how :class:`rstar_env.wrappers.ScoredTimeLimit` and :class:`rstar_env.wrappers.EnvAPI` make the
             step they truncate a scored one. The env never looks for wrappers around it: gymnasium's own
             ``TimeLimit`` (what ``gym.make(..., max_episode_steps=n)`` adds) truncates from outside, unscored.
         **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
