@@ -187,7 +187,7 @@ def test_a_sync_call_runs_in_a_thread_under_its_time_limit_without_stalling_othe
         slow.close()
         fast.close()
     assert slow_result.error == "timeout" and slow_s < 2.0  # call_timeout_s held although the thread still sleeps
-    assert fast_result.text == "x" and fast_s < 0.5
+    assert fast_result.text == "x" and fast_s < 1.5  # not held by the 3 s sleep in the other env
     assert SlowSyncTool.threads and all(name.startswith("rstar-env-plugin") for name in SlowSyncTool.threads)
 
 
