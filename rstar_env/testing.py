@@ -113,11 +113,11 @@ def score(verifier: Any, response: str, gold: str, **options: Any) -> RewardResu
     """Score ``response`` against the gold answer with ``verifier`` (an instance, or a registered name built with
     ``options``), synchronously, checking that it returns a :class:`~rstar_env.trajectory.RewardResult`."""
     from rstar_env import _aio
-    from rstar_env.plugins import load_reward
+    from rstar_env.plugins import invoke, load_reward
 
     plugin = load_reward(verifier, **options) if isinstance(verifier, str) else verifier
     try:
-        result = _aio.run_sync(plugin.score(response, gold))
+        result = _aio.run_sync(invoke(plugin.score, response, gold))
     finally:
         if isinstance(verifier, str) and hasattr(plugin, "aclose"):
             _aio.run_sync(plugin.aclose())

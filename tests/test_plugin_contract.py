@@ -496,7 +496,7 @@ def test_cancelling_a_step_cancels_the_tool_call_it_waits_for(careless, math_env
             await env.areset(options=PROBLEM)
             step = asyncio.ensure_future(env.astep(tool_call("sleepy")))
             await asyncio.sleep(0.1)
-            calls = [t for t in asyncio.all_tasks() if t is not step and "Sleepy.call" in repr(t.get_coro())]
+            calls = [t for t in asyncio.all_tasks() if t is not step and t.get_name() == "tool 'sleepy' call"]
             assert len(calls) == 1
             step.cancel()
             with pytest.raises(asyncio.CancelledError):
