@@ -39,7 +39,12 @@ _PERCENT = re.compile(r"\\?%$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?=(?!=)")
 
 _INT = re.compile(r"[+-]?\d+")
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # standard grouping only: 1,000 and 7,425,000
+# One comma that cannot be a thousands separator or a list is a decimal comma, as math-verify reads it: after a 0
+# ("0,111"), after four digits or more ("1000,99"), or before exactly two ("1,22", "2,74"). "1,2" stays ambiguous
+# (a list, or 1.2) and is left to math-verify, which reads it as a list.
+_DECIMAL_COMMA = re.compile(r"[+-]?(?:0,\d+|\d{4,},\d+|\d{1,3},\d\d)")
+_LIST_COMMA = re.compile(r",\s")
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
 _SLASH = re.compile(r"([+-]?\d+)/([+-]?\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
@@ -87,6 +92,10 @@ def clean(text: str) -> str:
             break
     if _SPACE_THOUSANDS.fullmatch(s):  # "1\\,000" or "1 000": a thin-space thousands separator
         return s.replace(" ", "")
+    if _LIST_COMMA.search(s):
+        # "32, 349", "5, 125", "0, 346": a comma followed by a space separates the items of a list; it is never a
+        # thousands separator. Left as is, so no number pattern matches and math-verify reads the list.
+        return s
     # Whitespace between two digits stays, so "2 3" is never read as 23; all other whitespace goes.
     return _LOOSE_SPACE.sub("", s)
 
@@ -96,6 +105,15 @@ def _strip_unit_words(s: str) -> str:
     if words and not any(w.lower() in _VALUE_WORDS for w in words.group(1).split()):
         return s[: words.start()]
     return s
+
+
+def decimal_comma(text: str) -> str | None:
+    """``text`` with its decimal comma made a point ("1,22" -> "1.22"), or ``None`` when it has none (a number in
+    the standard thousands grouping, "1,000", has none)."""
+    s = text.strip()
+    if _DECIMAL_COMMA.fullmatch(s) and not _THOUSANDS.fullmatch(s):
+        return s.replace(",", ".")
+    return None
 
 
 def parse_number(text: str) -> Number | None:
@@ -117,6 +135,8 @@ def parse_number(text: str) -> Number | None:
         return Number(Fraction(plain), inexact="." in plain, percent=percent)
     if _DECIMAL.fullmatch(s):
         return Number(Fraction(s), inexact=True, percent=percent)
+    if _DECIMAL_COMMA.fullmatch(s) and not _THOUSANDS.fullmatch(s):
+        return Number(Fraction(s.replace(",", ".")), inexact=True, percent=percent)
     match = _SLASH.fullmatch(s)
     if match:
         return _fraction("", match.group(1), match.group(2), percent)
