@@ -37,7 +37,7 @@ from rstar_env.format import last_boxed
 from rstar_env.trajectory import RewardResult
 
 from .extract import Answer, Boxes, locate
-from .normalize import compare_numbers, parse_number
+from .normalize import compare_number_sets, compare_numbers, parse_number, same_answer
 from .pool import VerifierPool
 
 REASONS: tuple[str, ...] = (
@@ -209,6 +209,8 @@ class MathReward:
             return RewardResult(0.0, None, "no_answer")
         answer = str(answer)  # datasets sometimes store numeric answers as numbers
         if found.single is not None:
+            if same_answer(found.single, _gold_text(answer)):
+                return RewardResult(1.0, found.shown, "exact")
             pred_num = parse_number(found.single)
             if pred_num is not None:
                 gold_num = parse_number(_gold_text(answer))
@@ -218,6 +220,9 @@ class MathReward:
                         return RewardResult(1.0, found.shown, "exact")
                     if decided is False:
                         return RewardResult(0.0, found.shown, "mismatch")
+            decided = compare_number_sets(found.single, _gold_text(answer))
+            if decided is not None:
+                return RewardResult(float(decided), found.shown, "exact" if decided else "mismatch")
         text = found.text
         if len(text) > self.max_answer_chars:
             # A long block is read through its boxes; a long one with none has no answer we can judge in time.

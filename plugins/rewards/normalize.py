@@ -107,11 +107,63 @@ def _strip_unit_words(s: str) -> str:
     return s
 
 
-def decimal_comma(text: str) -> str | None:
-    """``text`` with its decimal comma made a point ("1,22" -> "1.22"), or ``None`` when it has none (a number in
-    the standard thousands grouping, "1,000", has none)."""
+def same_answer(pred: str, gold: str) -> bool:
+    """Whether the two answers are the same text once decorations that never change a value are removed (``$``,
+    spacing commands, ``\\left``/``\\right``, ``\\dfrac``): such a pair is right whatever it says, with no parsing.
+    Only ever says yes; ``False`` means "not decided here"."""
+    if len(pred) > _MAX_CHARS or len(gold) > _MAX_CHARS:
+        return False
+    a = _LOOSE_SPACE.sub("", clean(pred))
+    return bool(a) and a == _LOOSE_SPACE.sub("", clean(gold))
+
+
+_SET_BRACES = re.compile(r"\\\{(.*)\\\}", re.DOTALL)
+
+
+def parse_number_set(text: str) -> frozenset[Fraction] | None:
+    """A list of two or more distinct exact numbers, bare (``"5, 125"``) or in set braces (``"\\{1, 2, 3\\}"``),
+    as the set math-verify reads it; ``None`` for anything else (a single number, a tuple or interval in
+    brackets, a decimal that may be rounded, a repeated item)."""
+    if len(text) > _MAX_CHARS or "," not in text or parse_number(text) is not None:
+        return None  # "1,000" and "1,22" are one number each
+    s = _DOLLAR.sub("", text).strip().rstrip(".").strip()
+    braces = _SET_BRACES.fullmatch(s)
+    if braces:
+        s = braces.group(1)
+    items = s.split(",")
+    if len(items) < 2:
+        return None
+    values: set[Fraction] = set()
+    for item in items:
+        number = parse_number(item)
+        if number is None or number.inexact or number.percent or not _INT.fullmatch(clean(item)):
+            return None
+        values.add(number.value)
+    return frozenset(values) if len(values) == len(items) else None
+
+
+def compare_number_sets(pred: str, gold: str) -> bool | None:
+    """``True``/``False`` when both answers are sets of distinct integers (:func:`parse_number_set`), or one is
+    such a set and the other a single integer (a set of two or more is never one number); ``None`` otherwise."""
+    pred_set, gold_set = parse_number_set(pred), parse_number_set(gold)
+    if pred_set is not None and gold_set is not None:
+        return pred_set == gold_set
+    if (pred_set is None) == (gold_set is None):
+        return None
+    single = parse_number(gold if pred_set is not None else pred)
+    if single is None or single.inexact or single.percent:
+        return None
+    return False
+
+
+def plain_commas(text: str) -> str | None:
+    """A number written with commas, rewritten without them as math-verify's LaTeX reader needs (it would read
+    "1,000" as the pair (1, 0)): thousands separators in the standard grouping go ("7,425,000" -> "7425000"), a
+    decimal comma becomes a point ("1,22" -> "1.22"). ``None`` for anything else, lists included."""
     s = text.strip()
-    if _DECIMAL_COMMA.fullmatch(s) and not _THOUSANDS.fullmatch(s):
+    if _THOUSANDS.fullmatch(s):
+        return s.replace(",", "")
+    if _DECIMAL_COMMA.fullmatch(s):
         return s.replace(",", ".")
     return None
 
