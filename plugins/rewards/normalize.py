@@ -45,6 +45,7 @@ _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # standard g
 # (a list, or 1.2) and is left to math-verify, which reads it as a list.
 _DECIMAL_COMMA = re.compile(r"[+-]?(?:0,\d+|\d{4,},\d+|\d{1,3},\d\d)")
 _LIST_COMMA = re.compile(r",\s")
+_LIST_COMMA_SPACED = re.compile(r",\s+")
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
 _SLASH = re.compile(r"([+-]?\d+)/([+-]?\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
@@ -113,8 +114,14 @@ def same_answer(pred: str, gold: str) -> bool:
     Only ever says yes; ``False`` means "not decided here"."""
     if len(pred) > _MAX_CHARS or len(gold) > _MAX_CHARS:
         return False
-    a = _LOOSE_SPACE.sub("", clean(pred))
-    return bool(a) and a == _LOOSE_SPACE.sub("", clean(gold))
+    a = _canonical(pred)
+    return bool(a) and a == _canonical(gold)
+
+
+def _canonical(text: str) -> str:
+    # Spacing goes, except that a comma followed by a space (a list: "430, 760") stays apart from one that is not
+    # (a thousands separator: "430,760").
+    return _LOOSE_SPACE.sub("", _LIST_COMMA_SPACED.sub("\0", clean(text)))
 
 
 _SET_BRACES = re.compile(r"\\\{(.*)\\\}", re.DOTALL)
