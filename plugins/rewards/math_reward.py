@@ -170,6 +170,14 @@ class MathReward:
         with ``wait``, block until they are ready, so the first comparisons pay no start-up."""
         self._get_pool().start(wait=wait)
 
+    def warm_up(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Compare ``(response, answer)`` pairs on every worker and discard the verdicts (blocking). math-verify's
+        LaTeX parser gets faster as it sees more answers; each worker is its own parser, so this brings all of them
+        to a long run's steady state (a benchmark's warm-up, or a trainer's start on a few dataset rows)."""
+        items = [item for item in self._prepare_all(list(pairs)) if not isinstance(item, RewardResult)]
+        if items:
+            self._get_pool().run_on_every_worker([(text, gold) for text, gold, _ in items])
+
     async def aclose(self) -> None:
         """``close()`` without blocking the event loop (what the env calls when it closes)."""
         await asyncio.to_thread(self.close)
@@ -261,9 +269,10 @@ class MathReward:
     def _get_executor(self) -> ThreadPoolExecutor:
         # One thread per worker process: each thread blocks on one batch, so more would only queue.
         with self._lock:
-            if self._executor is None or self._executor_pid != os.getpid():
+            if self._executor_pid != os.getpid():  # forked: the parent's threads are not ours
                 self._executor_pid = os.getpid()
                 self._executor, self._extractor = None, None
+            if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="math-reward")
             return self._executor
 
@@ -271,10 +280,10 @@ class MathReward:
         # Extraction and the fast path are linear and short, but a megabyte response still takes milliseconds:
         # they run here, never on the event loop's thread, and never queue behind a slow math-verify batch.
         with self._lock:
-            if self._extractor is None or self._executor_pid != os.getpid():
-                if self._executor_pid != os.getpid():
-                    self._executor_pid = os.getpid()
-                    self._executor = None
+            if self._executor_pid != os.getpid():  # forked: the parent's threads are not ours
+                self._executor_pid = os.getpid()
+                self._executor, self._extractor = None, None
+            if self._extractor is None:
                 self._extractor = ThreadPoolExecutor(2, thread_name_prefix="math-reward-extract")
             return self._extractor
 

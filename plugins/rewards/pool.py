@@ -238,6 +238,36 @@ class VerifierPool:
             todo = todo[done:]
         return [v for v in verdicts if v is not None]
 
+    def run_on_every_worker(self, items: Sequence[tuple[str, str]]) -> None:
+        """Compare ``items`` on every worker, all at once (each worker gets the whole list): a worker's LaTeX parser
+        gets faster as it sees more answers, so this brings all of them to the steady state of a long run, which
+        a benchmark then measures. Verdicts are discarded; a worker that fails or times out is replaced."""
+        self.start(wait=True)
+        taken: list[_Worker] = []
+        while len(taken) < self.workers:
+            taken.append(self._ready_worker())
+        for worker in taken:
+            with contextlib.suppress(OSError):
+                worker.writer.send(list(items))
+        for worker in taken:
+            healthy = True
+            for _ in items:
+                try:
+                    if not worker.reader.poll(self.timeout_s):
+                        healthy = False
+                        break
+                    *_, exiting = worker.reader.recv()
+                except (EOFError, OSError):
+                    healthy = False
+                    break
+                if exiting:
+                    healthy = False
+                    break
+            if healthy:
+                self._idle.put(worker)
+            else:
+                self._retire(worker, replace=True)
+
     def _ready_worker(self) -> _Worker:
         self.start()
         worker = self._acquire()

@@ -7,9 +7,10 @@ Three speed workloads, each measured both ways in one run (the verdict cache off
   the math-verify worker pool;
 * **mixed**: the held-out pairs of the labelled set ``tests/data/verifier_cases.jsonl`` (numbers, fractions, sets,
   tuples, intervals, several boxes, text answers, prose; right and wrong answers; drawn from other projects' test
-  suites), shuffled, each prediction framed as a final answer block ``<answer>PRED</answer>``. Both ways first score
-  the set's dev pairs, uncounted: math-verify's LaTeX parser gets faster as it sees more answers, and a trainer's
-  verifier is measured in that steady state, not on its first answers.
+  suites), shuffled, each prediction framed as a final answer block ``<answer>PRED</answer>``. Each parser first
+  sees the set's dev pairs once, uncounted (math-verify in this process, and each worker of the reward):
+  math-verify's LaTeX parser gets faster as it sees more answers, and a trainer's verifier is measured in that
+  steady state, not on its first answers.
 
 "direct" is ``math_verify.parse`` of gold and prediction plus ``verify`` in this process, on one core, one pair after
 another, with math-verify's defaults (``verify(parse(gold), parse(pred))``; for integer and symbolic the gold is
@@ -199,7 +200,7 @@ def run_bench(n_int: int = 20_000, n_sym: int = 240, workers: int | None = None,
                 continue
             if name == "mixed":  # the steady state: both ways have seen the dev pairs first (not counted)
                 warm = mixed_pairs(len(load_cases(cases, "dev")), cases, split="dev")
-                asyncio.run(reward.score_batch([(response, gold) for response, gold, _ in warm]))
+                reward.warm_up([(response, gold) for response, gold, _ in warm])  # every worker sees them once
                 _direct([(response, gold) for response, gold, _ in warm], float("inf"), [p for *_, p in warm])
                 results["mixed_warm_up_pairs"] = len(warm)
             ours_s = direct_s = 0.0
