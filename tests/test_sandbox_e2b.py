@@ -21,7 +21,7 @@ pytest.importorskip("e2b_code_interpreter")
 
 from rstar_env.sandbox import ExecResult, SandboxError, create_sandbox
 from rstar_env.sandbox.e2b import E2BSandbox, classify
-from rstar_env.sandbox.e2b_server import CodeInterpreterServer
+from rstar_env_testkit.e2b_server import CodeInterpreterServer
 
 FAST_RETRIES = {"backoff_s": 0.01, "max_backoff_s": 0.05, "seed": 0}
 
@@ -72,7 +72,13 @@ def test_missing_api_key_names_the_cause_and_the_fix(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     with pytest.raises(SandboxError, match="E2B_API_KEY") as caught:
         create_sandbox("e2b")
-    assert "local_server=True" in str(caught.value)
+    assert "E2B_DEBUG=true" in str(caught.value)  # the self-hosted alternative
+
+
+def test_no_option_starts_a_server_on_the_host() -> None:
+    # The protocol server runs code on the host with no isolation: only tests start it, never a config.
+    with pytest.raises(TypeError, match="local_server"):
+        E2BSandbox(debug=True, local_server=True)
 
 
 def test_classify_maps_sdk_errors() -> None:
