@@ -40,6 +40,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rstar_env import _aio
+from rstar_env.data.records import check_row
 from rstar_env.env import MathToolEnv
 
 RESET_OPTIONS: tuple[str, ...] = ("rows", "reset_mask")
@@ -211,6 +212,8 @@ def _rows(rows: Any, n: int) -> list[dict[str, Any] | None]:
         if row is not None and not isinstance(row, dict):
             got = type(row).__name__
             raise ValueError(f"options['rows'][{i}] must be a {{problem, answer}} dict or None, got {got}")
+        if row is not None:
+            check_row(row, f"options['rows'][{i}]")
     return list(rows)
 
 

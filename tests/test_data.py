@@ -218,6 +218,27 @@ def test_missing_field_error_names_line_and_fields(tmp_path):
         load_dataset(path, fields={"answer": "solution"})
 
 
+def test_non_string_fields_are_refused_naming_the_row_and_field():
+    # Python's Ellipsis, left from a `{"problem": ..., "answer": ...}` template, must not become "Ellipsis".
+    with pytest.raises(DataError, match=r"row 0: the problem \(field 'problem'\) is a ellipsis Ellipsis"):
+        load_dataset([{"problem": ..., "answer": "1"}])
+    with pytest.raises(DataError, match=r"row 1: the answer field 'answer' is a ellipsis Ellipsis.*string or a number"):
+        load_dataset([{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 2?", "answer": ...}])
+    for bad in (True, {"value": 4}, ["4", "5"], object(), float("nan")):
+        with pytest.raises(DataError, match=r"row 0: the answer field 'answer' is"):
+            load_dataset([{"problem": "2 + 2?", "answer": bad}])
+    with pytest.raises(DataError, match=r"the id field 'id' is a dict"):
+        load_dataset([{"problem": "2 + 2?", "answer": "4", "id": {"n": 1}}])
+    with pytest.raises(DataError, match=r"problem's last user message \(field 'prompt'\) is a list"):
+        load_dataset([{"prompt": [{"role": "user", "content": ["2 + 2?"]}], "answer": "4"}])
+    # Numbers are answers and ids; a one-element list is its element.
+    ds = load_dataset([{"problem": "2 + 2?", "answer": 4, "id": 7}, {"problem": "1/2?", "answer": [0.5]},
+                       {"problem": "6 / 2?", "answer": 3.0}])
+    assert [(p.answer, p.id) for p in ds][:1] == [("4", "7")] and [p.answer for p in ds][1:] == ["0.5", "3"]
+    skipped = load_dataset([{"problem": ..., "answer": "1"}, {"problem": "ok?", "answer": "1"}], on_bad_row="skip")
+    assert skipped.stats["bad_rows"] == 1 and "Ellipsis" in skipped.bad_rows[0]
+
+
 def test_bad_rows_name_the_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n{not json\n", encoding="utf-8")

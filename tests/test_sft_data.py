@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from rstar_env.data import DataError, generate_tool_sft, sft_tokens
-from rstar_env.sft_data import parse_tool_sft_spec
+from rstar_env.data import DataError
+from rstar_env.rollout.sft_data import generate_tool_sft, parse_tool_sft_spec, sft_tokens
 
 
 @pytest.fixture(scope="module")

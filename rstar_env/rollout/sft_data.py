@@ -1,4 +1,4 @@
-"""Synthetic tool-use SFT data, made by driving the env itself (re-exported by :mod:`rstar_env.data`).
+"""Synthetic tool-use SFT data, made by driving the env itself (so it sits above the env, beside rollouts).
 
 Each example is one episode of :class:`~rstar_env.env.MathToolEnv` on a generated problem, played by a scripted
 "teacher": short reasoning, a ``python`` tool call, the tool response (the sandbox really runs the code; its output
