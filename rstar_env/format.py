@@ -27,7 +27,9 @@ from typing import Any
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+"""The one ``<answer>...</answer>`` pattern (its group: the block's content), for answer extraction here and the
+answer-format count of :class:`~rstar_env.trajectory.Trajectory`."""
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 _JSON_LEXEME = re.compile(r'\\.|["\[\]{}]', re.DOTALL)  # what decides nesting: escapes, quotes, brackets
@@ -174,7 +176,8 @@ def last_boxed(text: str) -> str | None:
 
 
 def answer_blocks(text: str) -> list[str]:
-    return _ANSWER_BLOCK.findall(text)
+    """The contents of the ``<answer>...</answer>`` blocks of ``text``, in order."""
+    return ANSWER_BLOCK.findall(text)
 
 
 def extract_answer(

@@ -39,7 +39,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rstar_env import _aio
+from rstar_env import aio
 from rstar_env.data.records import check_row
 from rstar_env.env import MathToolEnv
 
@@ -98,10 +98,10 @@ class MathToolVectorEnv(VectorEnv):
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
         """Reset every sub-env, or those in ``options["reset_mask"]``; ``options["rows"]`` gives their problems."""
-        return _aio.run_sync(self.areset(seed=seed, options=options))
+        return aio.run_sync(self.areset(seed=seed, options=options))
 
     def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict]:
-        return _aio.run_sync(self.astep(actions))
+        return aio.run_sync(self.astep(actions))
 
     async def areset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None

@@ -24,11 +24,12 @@ run the local trainer (imported there, lazily). No library module of rstar_env m
 LOW_LAYERS = {
     # module (or package) -> what it may import from rstar_env; anything else of rstar_env is above it.
     "rstar_env.data": ("rstar_env.data",),
-    "rstar_env.trajectory": ("rstar_env.trajectory", "rstar_env.format"),
+    "rstar_env.outcomes": ("rstar_env.outcomes",),
+    "rstar_env.trajectory": ("rstar_env.trajectory", "rstar_env.format", "rstar_env.outcomes"),
     "rstar_env.format": ("rstar_env.format",),
-    "rstar_env.sandbox": ("rstar_env.sandbox",),
+    "rstar_env.sandbox": ("rstar_env.sandbox", "rstar_env.outcomes"),
     "rstar_env.aio": ("rstar_env.aio",),
-    "rstar_env._aio": ("rstar_env._aio",),
+    "rstar_env._aio": ("rstar_env._aio", "rstar_env.aio"),
 }
 
 

@@ -104,7 +104,7 @@ def rows(scenario: LongTail) -> list[dict[str, Any]]:
 
 def run(scenario: LongTail, *, instant: bool = False) -> dict[str, Any]:
     """Run the scenario through ``evaluate``; ``instant`` answers at once (the run's fixed overhead)."""
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.rollout.evaluate import evaluate
     from rstar_env.rollout.openai import OpenAIPolicy
     from rstar_env.vector import MathToolVectorEnv
@@ -126,7 +126,7 @@ def run(scenario: LongTail, *, instant: bool = False) -> dict[str, Any]:
                 await env.aclose()
 
         start = time.perf_counter()
-        summary = _aio.run_sync(go())
+        summary = aio.run_sync(go())
         wall = time.perf_counter() - start
     return {"wall_s": wall, "episodes": summary.get("episodes"), "pass@1": summary.get("pass@1"),
             "policy_errors": summary.get("policy_errors", 0), "env_errors": summary.get("env_errors", 0),

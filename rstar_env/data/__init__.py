@@ -3,12 +3,12 @@
 Every source becomes a :class:`Dataset` of :class:`Problem` records ``{problem, answer, id, metadata}``::
 
     load_dataset("train.jsonl")                                  # .jsonl / .json / .parquet (+ .gz for JSON)
-    load_dataset("dapo-math-17k.parquet")                        # DAPO rows are recognised; see PRESETS
-    load_dataset("hf:HuggingFaceH4/aime_2024", preset="aime")    # HF hub (needs ``datasets``)
+    load_dataset("dapo-math-17k.parquet")                        # DAPO rows are recognised; see ROW_FORMATS
+    load_dataset("hf:HuggingFaceH4/aime_2024", row_format="aime")  # HF hub (needs ``datasets``)
     load_dataset("arithmetic:level=2,n=200,seed=0")             # generated offline, no download
     load_dataset([{"question": "1+1?", "answer": "2"}])          # in memory: a list of dicts
     load_dataset(datasets.load_dataset("json", data_files=...))  # a datasets.Dataset / IterableDataset / DatasetDict
-    load_dataset("aime")                                         # a preset's own data (PRESETS; from the HF hub)
+    load_dataset("aime")                                         # a row format's own data (from the HF hub)
 
 Source syntax (a string; a :class:`os.PathLike` is always a file):
 
@@ -20,7 +20,7 @@ Source syntax (a string; a :class:`os.PathLike` is always a file):
   E.g. ``"arithmetic"``, ``"word:level=3"``, ``"gen:mix:level=mixed,n=5000,seed=7"``.
 * ``hf:NAME[:CONFIG]`` or a bare ``owner/name[:CONFIG]`` that is not an existing path: a HF hub dataset, loaded
   with ``datasets.load_dataset(NAME, CONFIG, split=split)``.
-* a preset name (``dapo``, ``aime``): that preset's hub dataset (:attr:`Preset.hub`), read with the preset.
+* a row format's name (``dapo``, ``aime``): its hub dataset (:attr:`RowFormat.hub`), read in that format.
 
 Rows without an answer are bad rows unless ``allow_unscored=True`` keeps them (answer ``None``: the env runs them
 unscored, reward 0, ``info["unscored"]``). A bad row (no problem, no answer, a line that is not JSON, ...) stops
@@ -41,6 +41,9 @@ so it lives above it, in :mod:`rstar_env.rollout.sft_data`.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 from .answers import integer_answer, normalize_answer
 from .generators import (
@@ -64,19 +67,19 @@ from .records import (
     save_jsonl,
     stable_id,
 )
-from .row_formats import PRESETS, Preset, strip_dapo_boilerplate
+from .row_formats import ROW_FORMATS, RowFormat, strip_dapo_boilerplate
 
 __all__ = [
     "DEFAULT_FIELDS",
     "GENERATED_KINDS",
-    "PRESETS",
+    "ROW_FORMATS",
     "WORD_TEMPLATES",
     "DataError",
     "Dataset",
     "GeneratedKind",
     "LevelSpec",
-    "Preset",
     "Problem",
+    "RowFormat",
     "check_row",
     "field_text",
     "generate_problems",
@@ -91,3 +94,13 @@ __all__ = [
     "strip_dapo_boilerplate",
 ]
 
+_DEPRECATED = {"Preset": ("RowFormat", RowFormat), "PRESETS": ("ROW_FORMATS", ROW_FORMATS)}
+
+
+def __getattr__(name: str) -> Any:
+    # The former names of the row formats ("preset" also names the env's presets), kept with a warning.
+    if name in _DEPRECATED:
+        new, value = _DEPRECATED[name]
+        warnings.warn(f"rstar_env.data.{name} is now rstar_env.data.{new}", DeprecationWarning, stacklevel=2)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

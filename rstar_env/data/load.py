@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -25,9 +26,10 @@ from .records import (
     problem_field_text,
     stable_id,
 )
-from .row_formats import PRESETS, Preset
+from .row_formats import ROW_FORMATS, RowFormat
 
 _log = logging.getLogger("rstar_env.data")
+_UNSET: Any = object()
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz", ".json.gz")
 
 def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Problem]]:
@@ -40,7 +42,7 @@ def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Prob
         return str(source), _read_file(Path(source), split)
     if not isinstance(source, str):
         raise DataError(
-            f"dataset source must be a path (str or Path), a generated-set spec, a preset or hub name, a list of "
+            f"dataset source must be a path (str or Path), a generated-set spec, a row format or hub name, a list of "
             f"dicts, or a datasets.Dataset / IterableDataset; got {type(source).__name__}"
         )
     spec = parse_generated_spec(source)
@@ -53,23 +55,25 @@ def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Prob
     path = Path(source).expanduser()
     if source.lower().endswith(_FILE_SUFFIXES) or path.exists():
         return source, _read_file(path, split)
-    preset = PRESETS.get(source)
-    if preset is not None and preset.hub is not None:
-        name, _, config = preset.hub.partition(":")
+    row_format = ROW_FORMATS.get(source)
+    if row_format is not None and row_format.hub is not None:
+        name, _, config = row_format.hub.partition(":")
         return source, _read_hf(name, config or None, split)
     if "/" in source and not source.startswith((".", "/", "~")):
         name, _, config = source.partition(":")
         return source, _read_hf(name, config or None, split)
     raise DataError(
         f"unknown dataset source {source!r}: not an existing file, not a generated set ({', '.join(GENERATED_KINDS)}, "
-        f"e.g. 'arithmetic:level=2,n=200'), not a preset ({', '.join(PRESETS)}), and not a hub name ('owner/name' or "
-        "'hf:name')"
+        f"e.g. 'arithmetic:level=2,n=200'), not a row format with hub data ({', '.join(ROW_FORMATS)}), and not a "
+        "hub name ('owner/name' or 'hf:name')"
     )
 
 
 
 def _extract(
-    row: Mapping[str, Any], where: str, fields: Mapping[str, str], preset: Preset | None, allow_unscored: bool = False
+    row: Mapping[str, Any], where: str, fields: Mapping[str, str],
+    row_format: RowFormat | None,
+    allow_unscored: bool = False,
 ) -> Problem:
     found: dict[str, Any] = {}
     keys: dict[str, str] = {}
@@ -84,7 +88,7 @@ def _extract(
                 )
             key = fields[name]
         else:
-            candidates = (*(preset.fields.get(name, ()) if preset else ()), *DEFAULT_FIELDS[name])
+            candidates = (*(row_format.fields.get(name, ()) if row_format else ()), *DEFAULT_FIELDS[name])
             key, value = next(((k, v) for k in candidates if (v := _lookup(row, k)) is not _MISSING), ("", _MISSING))
             if value is _MISSING:
                 if name == "id" or (name == "answer" and allow_unscored):
@@ -115,8 +119,8 @@ def _extract(
         id=field_text(found["id"], where, "id", keys["id"]) if "id" in found else "",
         metadata=metadata,
     )
-    if preset is not None:
-        problem = preset.transform(problem, row, where)
+    if row_format is not None:
+        problem = row_format.transform(problem, row, where)
     if not problem.id:
         problem.id = stable_id(problem.problem)
     return problem
@@ -127,7 +131,7 @@ def load_dataset(
     *,
     split: str = "train",
     fields: Mapping[str, str] | None = None,
-    preset: str | Preset | None = "auto",
+    row_format: str | RowFormat | None = "auto",
     integer_answers_only: bool = False,
     dedup: bool = True,
     limit: int | None = None,
@@ -135,16 +139,18 @@ def load_dataset(
     seed: int = 0,
     on_bad_row: Literal["error", "skip"] = "error",
     allow_unscored: bool = False,
+    preset: Any = _UNSET,
 ) -> Dataset:
     """Load problems from ``source`` (see the module docstring for the syntax) as a :class:`Dataset`.
 
     - ``split``: the HF split, or the key of a per-split ``.json`` object; other files ignore it.
     - ``fields``: ``{"problem": key, "answer": key, "id": key}``, any subset; keys may be dotted paths into nested
-      objects (``"reward_model.ground_truth"``). Unnamed fields try :data:`DEFAULT_FIELDS` (after the preset's).
+      objects (``"reward_model.ground_truth"``). Unnamed fields try :data:`DEFAULT_FIELDS` (after the row format's).
       A chat list (``[{"role", "content"}, ...]``) as the problem gives its last user message. Rows without an id
       get :func:`stable_id` of the problem text. Unused top-level keys of a row go to ``metadata``.
-    - ``preset``: a name in :data:`PRESETS` (``"dapo"``, ``"aime"``), a :class:`Preset`, ``"auto"`` (the
-      default: rows that look like DAPO get the ``dapo`` preset, others none) or ``None``.
+    - ``row_format``: how rows of a known dataset are read: a name in :data:`ROW_FORMATS` (``"dapo"``, ``"aime"``),
+      a :class:`RowFormat`, ``"auto"`` (the default: rows that look like DAPO are read as ``dapo``, others plainly)
+      or ``None``. ``preset=`` is its former name (deprecated: "preset" names the env's presets).
     - ``integer_answers_only``: keep rows whose answer denotes an integer (:func:`integer_answer`), with the answer
       rewritten to canonical form (``"042"`` -> ``"42"``; the original kept in ``metadata["raw_answer"]``).
     - ``dedup``: keep the first row of each :func:`normalize_problem_text`. Generated sets are not de-duplicated
@@ -176,20 +182,29 @@ def load_dataset(
         unknown = set(fields) - {"problem", "answer", "id"}
         if unknown:
             raise DataError(f"fields= maps only 'problem', 'answer' and 'id'; unknown: {', '.join(sorted(unknown))}")
-    chosen: Preset | None
-    if preset is None or preset == "none":
+    if preset is not _UNSET:
+        warnings.warn(
+            "load_dataset(preset=...) is now load_dataset(row_format=...) (dataset.row_format in a config)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        row_format = preset
+    chosen: RowFormat | None
+    if row_format is None or row_format == "none":
         chosen = None
-    elif isinstance(preset, Preset):
-        chosen = preset
-    elif preset == "auto":
+    elif isinstance(row_format, RowFormat):
+        chosen = row_format
+    elif row_format == "auto":
         chosen = None
-    elif preset in PRESETS:
-        chosen = PRESETS[preset]
+    elif row_format in ROW_FORMATS:
+        chosen = ROW_FORMATS[row_format]
     else:
-        raise DataError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}, 'auto' or None")
-    auto = preset == "auto"
-    if auto and isinstance(source, str) and source in PRESETS and not Path(source).exists():
-        chosen, auto = PRESETS[source], False  # a preset's own data is read with that preset
+        raise DataError(
+            f"unknown row format {row_format!r}: choose one of {', '.join(ROW_FORMATS)}, 'auto' or None"
+        )
+    auto = row_format == "auto"
+    if auto and isinstance(source, str) and source in ROW_FORMATS and not Path(source).exists():
+        chosen, auto = ROW_FORMATS[source], False  # a row format's own data is read with that format
 
     name, rows = _resolve_source(source, split)
     generated = isinstance(rows, list)
@@ -208,10 +223,10 @@ def load_dataset(
             try:
                 if isinstance(item, _BadRow):
                     raise DataError(str(item))
-                row_preset = chosen
-                if auto and PRESETS["dapo"].detect is not None and PRESETS["dapo"].detect(item):
-                    row_preset = PRESETS["dapo"]
-                problem = _extract(item, where, fields or {}, row_preset, allow_unscored)
+                row_reader = chosen
+                if auto and ROW_FORMATS["dapo"].detect is not None and ROW_FORMATS["dapo"].detect(item):
+                    row_reader = ROW_FORMATS["dapo"]
+                problem = _extract(item, where, fields or {}, row_reader, allow_unscored)
             except DataError as exc:
                 if on_bad_row == "error":
                     raise DataError(f"{exc} (on_bad_row='skip' skips such rows and counts them)") from None

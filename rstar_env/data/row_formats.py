@@ -10,21 +10,21 @@ from typing import Any
 from .answers import integer_answer
 from .records import DataError, Problem, _problem_text
 
-PresetTransform = Callable[[Problem, Mapping[str, Any], str], Problem]
+RowTransform = Callable[[Problem, Mapping[str, Any], str], Problem]
 
 
 @dataclass(frozen=True)
-class Preset:
+class RowFormat:
     """Preprocessing for a known dataset format.
 
     ``fields`` are tried before :data:`DEFAULT_FIELDS`; ``transform(problem, row, where)`` returns the cleaned
-    problem (``where`` names the row, for error messages); ``detect(row)`` says whether ``preset="auto"`` applies it;
-    ``hub`` is the HF hub dataset (``NAME[:CONFIG]``) that ``load_dataset(name)`` reads.
+    problem (``where`` names the row, for error messages); ``detect(row)`` says whether ``row_format="auto"``
+    applies it; ``hub`` is the HF hub dataset (``NAME[:CONFIG]``) that ``load_dataset(name)`` reads.
     """
 
     name: str
     fields: Mapping[str, tuple[str, ...]]
-    transform: PresetTransform
+    transform: RowTransform
     detect: Callable[[Mapping[str, Any]], bool] | None = None
     hub: str | None = None
 
@@ -106,7 +106,7 @@ def _aime_transform(problem: Problem, row: Mapping[str, Any], where: str) -> Pro
     if value is None or not 0 <= value <= 999:
         raise DataError(
             f"{where}: AIME answers are integers 0-999, got {problem.answer!r}; "
-            "fix the row or load the file without preset='aime'"
+            "fix the row or load the file without row_format='aime'"
         )
     meta = dict(problem.metadata)
     if str(value) != problem.answer.strip():
@@ -114,8 +114,8 @@ def _aime_transform(problem: Problem, row: Mapping[str, Any], where: str) -> Pro
     return Problem(problem.problem.strip(), str(value), _aime_id(row) or problem.id, meta)
 
 
-PRESETS: dict[str, Preset] = {
-    "dapo": Preset(
+ROW_FORMATS: dict[str, RowFormat] = {
+    "dapo": RowFormat(
         name="dapo",
         fields={
             "problem": ("prompt", "problem"),
@@ -126,13 +126,12 @@ PRESETS: dict[str, Preset] = {
         detect=_looks_like_dapo,
         hub="BytedTsinghua-SIA/DAPO-Math-17k",
     ),
-    "aime": Preset(
+    "aime": RowFormat(
         name="aime",
         fields={"problem": ("problem", "Problem", "question", "Question"), "answer": ("answer", "Answer")},
         transform=_aime_transform,
         hub="HuggingFaceH4/aime_2024",
     ),
 }
-"""Built-in presets. ``dapo``: DAPO-Math-17k (verl parquet: chat ``prompt``, ``reward_model.ground_truth``,
+"""Built-in row formats. ``dapo``: DAPO-Math-17k (verl parquet: chat ``prompt``, ``reward_model.ground_truth``,
 ``extra_info.index``; also the processed copies with a string prompt and ``solution``). ``aime``: AIME files."""
-

@@ -21,10 +21,10 @@ How calls map onto E2B::
   fresh on its next call, as with the local backend). Output past ``max_output_bytes`` gives ``output_limit``.
 * **Failures.** HTTP 429, 5xx and connection errors that happen before the code can have run are retried with
   full-jitter exponential backoff, within ``max_attempts`` and ``retry_budget_s``; after that the call returns
-  ``crashed`` naming the last error (never hangs, never raises for it). A connection lost mid-call is retried
-  for a stateless call (its context is thrown away) and is ``crashed`` for a session, whose state is then lost.
+  ``crash`` naming the last error (never hangs, never raises for it). A connection lost mid-call is retried
+  for a stateless call (its context is thrown away) and is ``crash`` for a session, whose state is then lost.
   A VM that dies (killed, out of memory, past its lifetime) is dropped and replaced: the call that saw it die is
-  ``crashed``; a session that lived there reports ``crashed`` ("its state is lost") once, then starts fresh.
+  ``crash``; a session that lived there reports ``crash`` ("its state is lost") once, then starts fresh.
   Bad credentials raise :class:`~rstar_env.sandbox.SandboxError`.
 * **Lifetime.** VMs are created with ``sandbox_lifetime_s`` and extended every ``refresh_s``; VMs older than
   ``max_sandbox_age_s`` take no new work and are killed once idle. ``aclose`` kills every VM.
@@ -135,7 +135,7 @@ class _Session:
 
 
 def _crashed(message: str, start: float, stdout: str = "", stderr: str = "") -> ExecResult:
-    return ExecResult(stdout, stderr, "crashed", message, time.monotonic() - start)
+    return ExecResult(stdout, stderr, "crash", message, time.monotonic() - start)
 
 
 class E2BSandbox(_remote_loop.LoopSandbox):
@@ -514,7 +514,7 @@ class E2BSandbox(_remote_loop.LoopSandbox):
                         self._spawn(self._drop(vm, context))  # stateless: every context is used once
 
     async def _acquire_vm(self, start: float, attempt: int) -> _VM | ExecResult:
-        """A VM for the next attempt, or a ``crashed`` result when none can be opened within the budget."""
+        """A VM for the next attempt, or a ``crash`` result when none can be opened within the budget."""
         while True:
             try:
                 return await self._pick_vm()
@@ -668,17 +668,19 @@ class E2BSandbox(_remote_loop.LoopSandbox):
         outcome = _status(execution)
         if outcome is not None:
             status, error = outcome
+            status = "exception" if status == "error" else status  # the runner's name -> the outcome name
             return ExecResult(stdout, stderr, status, error, duration), status == "output_limit"  # type: ignore[arg-type]
         if execution.error is not None:
             name, value = execution.error.name, execution.error.value
             if name in KERNEL_FAILURES:
                 return ExecResult(
-                    stdout, stderr, "crashed", f"the interpreter died ({name}: {value}); its state is lost", duration
+                    stdout, stderr, "crash", f"the interpreter died ({name}: {value}); its state is lost", duration
                 ), True
             if name == "NameError" and "__cell_runner__" in str(value):
-                return ExecResult(stdout, stderr, "crashed", "the kernel lost its state (restarted)", duration), True
-            return ExecResult(stdout, stderr + execution.error.traceback, "error", f"{name}: {value}", duration), False
-        return ExecResult(stdout, stderr, "crashed", "the kernel returned no outcome", duration), True
+                return ExecResult(stdout, stderr, "crash", "the kernel lost its state (restarted)", duration), True
+            traceback = execution.error.traceback
+            return ExecResult(stdout, stderr + traceback, "exception", f"{name}: {value}", duration), False
+        return ExecResult(stdout, stderr, "crash", "the kernel returned no outcome", duration), True
 
 
 def _status(execution: Any) -> tuple[str, str | None] | None:
