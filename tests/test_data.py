@@ -220,14 +220,14 @@ def test_missing_field_error_names_line_and_fields(tmp_path):
 
 def test_non_string_fields_are_refused_naming_the_row_and_field():
     # Python's Ellipsis, left from a `{"problem": ..., "answer": ...}` template, must not become "Ellipsis".
-    with pytest.raises(DataError, match=r"row 0: the problem \(field 'problem'\) is a ellipsis Ellipsis"):
+    with pytest.raises(DataError, match=r"row 0: the problem \(field 'problem'\) is `\.\.\.` \(Python's Ellipsis"):
         load_dataset([{"problem": ..., "answer": "1"}])
-    with pytest.raises(DataError, match=r"row 1: the answer field 'answer' is a ellipsis Ellipsis.*string or a number"):
+    with pytest.raises(DataError, match=r"row 1: the answer field 'answer' is `\.\.\.`.*string or a number"):
         load_dataset([{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 2?", "answer": ...}])
     for bad in (True, {"value": 4}, ["4", "5"], object(), float("nan")):
         with pytest.raises(DataError, match=r"row 0: the answer field 'answer' is"):
             load_dataset([{"problem": "2 + 2?", "answer": bad}])
-    with pytest.raises(DataError, match=r"the id field 'id' is a dict"):
+    with pytest.raises(DataError, match=r"the id field 'id' is a dict \(\{'n': 1\}\)"):
         load_dataset([{"problem": "2 + 2?", "answer": "4", "id": {"n": 1}}])
     with pytest.raises(DataError, match=r"problem's last user message \(field 'prompt'\) is a list"):
         load_dataset([{"prompt": [{"role": "user", "content": ["2 + 2?"]}], "answer": "4"}])

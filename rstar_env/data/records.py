@@ -201,8 +201,10 @@ def _problem_text(value: Any) -> str:
 
 
 def _describe(value: Any) -> str:
+    if value is Ellipsis:
+        return "`...` (Python's Ellipsis: a placeholder left in the row?)"
     shown = repr(value)
-    return f"{type(value).__name__} {shown[:60] + '...' if len(shown) > 60 else shown}"
+    return f"a {type(value).__name__} ({shown[:60] + '...' if len(shown) > 60 else shown})"
 
 
 def field_text(value: Any, where: str, name: str, key: str) -> str:
@@ -219,9 +221,8 @@ def field_text(value: Any, where: str, name: str, key: str) -> str:
             raise DataError(f"{where}: the {name} field {key!r} is {value!r}, not a usable {name}; fix or drop it")
         return _scalar_text(int(value) if isinstance(value, float) and value.is_integer() else value)
     raise DataError(
-        f"{where}: the {name} field {key!r} is a {_describe(value)}; an {name} must be a string or a number "
-        "(a one-element list of one is read as it). Fix or drop that row (a `...` placeholder left in a row is "
-        "Python's Ellipsis)"
+        f"{where}: the {name} field {key!r} is {_describe(value)}; an {name} must be a string or a number (or a "
+        "list holding one): fix or drop that row"
     )
 
 
@@ -235,9 +236,8 @@ def problem_field_text(value: Any, where: str, key: str) -> str:
     if isinstance(chosen, str):
         return chosen
     raise DataError(
-        f"{where}: the {what} (field {key!r}) is a {_describe(chosen)}; a problem must be a string (or a chat list "
-        "of {'role', 'content'} messages). Fix or drop that row (a `...` placeholder left in a row is Python's "
-        "Ellipsis)"
+        f"{where}: the {what} (field {key!r}) is {_describe(chosen)}; a problem must be a string (or a chat list "
+        "of {'role', 'content'} messages): fix or drop that row"
     )
 
 
