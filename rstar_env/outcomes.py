@@ -26,8 +26,6 @@ from typing import Any, Literal
 OutcomeName = Literal["ok", "exception", "timeout", "crash", "output_limit", "bad_call"]
 
 OUTCOMES: tuple[str, ...] = ("ok", "exception", "timeout", "crash", "output_limit", "bad_call")
-EXEC_STATUSES: tuple[str, ...] = ("ok", "exception", "timeout", "crash", "output_limit")
-"""What ``execute`` can return: every outcome but ``bad_call`` (a sandbox runs code, it does not parse calls)."""
 TOOL_ERROR_KINDS: tuple[str, ...] = ("exception", "timeout", "bad_call", "crash", "output_limit")
 """Why a tool call failed: every outcome but ``ok``."""
 
@@ -60,15 +58,23 @@ class Outcome(str):
             raise ValueError(f"unknown outcome {value!r}: expected one of {allowed}")
         return super().__new__(cls, name)
 
+    def _equals(self, other: object) -> bool | None:
+        """``True`` when ``other`` is this outcome's former name (the caller warns), else ``None``."""
+        if isinstance(other, str) and not isinstance(other, Outcome) and DEPRECATED_NAMES.get(other) == str(self):
+            return True
+        return None
+
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, str) and not isinstance(other, Outcome) and other in DEPRECATED_NAMES:
-            _warn(other, stacklevel=2)
-            other = DEPRECATED_NAMES[other]
+        if self._equals(other):
+            _warn(str(other), stacklevel=2)  # only where the former name decides the answer
+            return True
         return str.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
+        if self._equals(other):
+            _warn(str(other), stacklevel=2)
+            return False
+        return str.__ne__(self, other)
 
     __hash__ = str.__hash__
 
@@ -89,3 +95,9 @@ def exec_status(value: str, *, stacklevel: int = 2) -> Outcome:
         return Outcome(value, EXEC_STATUSES, stacklevel=stacklevel + 1)
     except ValueError:
         raise ValueError(f"ExecResult.status must be one of {EXEC_STATUSES}, got {value!r}") from None
+
+
+EXEC_STATUSES: tuple[str, ...] = tuple(map(Outcome, ("ok", "exception", "timeout", "crash", "output_limit")))
+"""What ``execute`` can return: every outcome but ``bad_call`` (a sandbox runs code, it does not parse calls). The
+items are :class:`Outcome` objects, so a former spelling checked against it (``"crashed" in EXEC_STATUSES``) is
+still found, with a warning."""

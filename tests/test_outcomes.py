@@ -28,6 +28,7 @@ def test_statuses_are_the_names_and_plain_comparisons_do_not_warn() -> None:
         warnings.simplefilter("error")
         result = ExecResult("", "boom\n", "exception", "ValueError: boom", 0.1)
         assert result.status == "exception" and result.status != "crash" and not result.ok
+        assert result.status != "crashed"  # a former name that does not decide the answer does not warn
         assert isinstance(result.status, str) and str(result.status) == "exception"
         assert result.message == "ValueError: boom"
         assert result.to_dict()["status"] == "exception" and type(result.to_dict()["status"]) is str
@@ -49,6 +50,8 @@ def test_former_status_names_still_work_with_a_warning(old: str, new: str) -> No
         assert (result.status, result.message) == (old, "why")
     with pytest.warns(DeprecationWarning):
         assert (result.status != old) is False
+    with pytest.warns(DeprecationWarning):
+        assert old in EXEC_STATUSES  # checks against the list of statuses still find the former name
     assert Outcome(new) == new
 
 
