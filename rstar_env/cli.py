@@ -101,7 +101,7 @@ def run_tool(
     For ``python``, the code is read from standard input and the sandbox's ExecResult is printed:
     ``echo 'print(1+1)' | rstar-env run-tool python``.
     """
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.plugins import PluginError, load_tool
     from rstar_env.tool import EpisodeContext, validate_arguments
 
@@ -137,7 +137,7 @@ def run_tool(
             if closer is not None:
                 await closer()
 
-    click.echo(json.dumps(_aio.run_sync(run()), indent=2, ensure_ascii=False))
+    click.echo(json.dumps(aio.run_sync(run()), indent=2, ensure_ascii=False))
 
 
 # -- episode -----------------------------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
     """Evaluate a model: pass@1 over k samples, pass@k, lengths, turns, tool use; trajectories to JSONL."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.config import ConfigError, load_config
     from rstar_env.data import DataError, load_dataset
     from rstar_env.plugins import PluginError
@@ -354,7 +354,7 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
                 await policy.aclose()
                 await env.aclose()
 
-        summary = _aio.run_sync(run())
+        summary = aio.run_sync(run())
         progress.update(task, completed=total)
     tps = getattr(policy, "tokens_per_second", None)
     if tps:
@@ -396,7 +396,7 @@ def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None
          temperature: float, max_new_tokens: int, max_turns: int, gold: str | None) -> None:
     """Chat with a model that can run Python: each question is an episode; tool calls and their results are shown
     as they happen. Type a question (empty line or Ctrl-D quits)."""
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.config import ConfigError, load_config
     from rstar_env.env import MathToolEnv
     from rstar_env.plugins import PluginError
@@ -442,9 +442,9 @@ def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None
             question = sys.stdin.readline()
             if not question.strip():
                 return
-            _aio.run_sync(episode(question.strip()))
+            aio.run_sync(episode(question.strip()))
     finally:
-        _aio.run_sync(policy.aclose())
+        aio.run_sync(policy.aclose())
         env.close()
 
 

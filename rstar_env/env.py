@@ -38,7 +38,7 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium
 from pydantic import ValidationError
 
-from rstar_env import _aio, watchdog
+from rstar_env import aio, watchdog
 from rstar_env.config import ConfigError, DatasetSpec, EnvConfig, PluginSpec, RunConfig, load_config
 from rstar_env.format import (
     DEFAULT_SYSTEM_PROMPT,
@@ -191,13 +191,13 @@ class MathToolEnv(gymnasium.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset;
         see :meth:`areset`."""
-        return _aio.run_sync(self.areset(seed=seed, options=options))
+        return aio.run_sync(self.areset(seed=seed, options=options))
 
     def step(
         self, action: str, *, token_ids: Sequence[int] | None = None, logprobs: Sequence[float] | None = None
     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Take one assistant action; see :meth:`astep`."""
-        return _aio.run_sync(self.astep(action, token_ids=token_ids, logprobs=logprobs))
+        return aio.run_sync(self.astep(action, token_ids=token_ids, logprobs=logprobs))
 
     def render(self) -> str | None:
         if self._trajectory is None:
@@ -212,10 +212,10 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if self._closed:
             return
         self._closed = True
-        if _aio.on_background_loop():  # closed from a coroutine on the env's own loop: it cannot wait on itself
-            _aio.spawn_on_background(self.aclose())
+        if aio.on_background_loop():  # closed from a coroutine on the env's own loop: it cannot wait on itself
+            aio.spawn_on_background(self.aclose())
             return
-        _aio.run_sync(self.aclose())
+        aio.run_sync(self.aclose())
 
     # -- copies ----------------------------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -358,7 +358,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     def abort(self, reason: str, error: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """End the episode as a failure of the system; see :meth:`aabort`."""
-        return _aio.run_sync(self.aabort(reason, error))
+        return aio.run_sync(self.aabort(reason, error))
 
     async def _astep(
         self,
@@ -618,11 +618,11 @@ def _release_plugins(owned: list[Any]) -> None:
     owned.clear()
     if not plugins:
         return
-    if getattr(weakref.finalize, "_shutdown", False) and not _aio.on_background_loop():
-        _aio.run_sync(_close_plugins(plugins))  # at interpreter exit: wait, the loop thread dies next
+    if getattr(weakref.finalize, "_shutdown", False) and not aio.on_background_loop():
+        aio.run_sync(_close_plugins(plugins))  # at interpreter exit: wait, the loop thread dies next
     else:
         # Collection can strike in any thread, even one holding a lock the closing needs: never wait here.
-        _aio.spawn_on_background(_close_plugins(plugins))
+        aio.spawn_on_background(_close_plugins(plugins))
 
 
 class _TimedOut(Exception):

@@ -27,7 +27,9 @@ from typing import Any
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+"""The one ``<answer>...</answer>`` pattern (its group: the block's content), for answer extraction here and the
+answer-format count of :class:`~rstar_env.trajectory.Trajectory`."""
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
 _BOX_TOKEN = re.compile(r"[^\s$]+")
 _BRACE = re.compile(r"[{}]")

@@ -30,22 +30,20 @@ limit holds and it never blocks the event loop every env shares. Plugin authors 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib.metadata
 import inspect
-import os
 import threading
 import typing
 import warnings
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import pluggy
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
+from rstar_env.invoke import invoke
 from rstar_env.reward import Reward
 from rstar_env.sampler import Sampler
 from rstar_env.tool import Tool
@@ -188,11 +186,14 @@ class PluginRegistry:
         hooks = {caller.name for caller in self.pm.get_hookcallers(plugin) or ()}
         unknown = sorted(hooks - set(_HOOKS.values()))
         if unknown:
-            raise PluginError(f"it implements {', '.join(unknown)}, which is no rstar_env hook (the hooks are "
-                              f"{', '.join(_HOOKS.values())})")
+            raise PluginError(
+                f"it implements {', '.join(unknown)}, which is no rstar_env hook (the hooks are "
+                f"{', '.join(_HOOKS.values())})"
+            )
         if not hooks:
-            raise PluginError(f"it implements no rstar_env hook (mark {', '.join(_HOOKS.values())} with "
-                              "rstar_env.plugins.hookimpl)")
+            raise PluginError(
+                f"it implements no rstar_env hook (mark {', '.join(_HOOKS.values())} with rstar_env.plugins.hookimpl)"
+            )
         infos: list[PluginInfo] = []
         for kind, hook_name in _HOOKS.items():
             if hook_name not in hooks:
@@ -255,9 +256,11 @@ class PluginRegistry:
     def get(self, kind: PluginKind, name: str) -> type:
         table = self.plugins(kind)
         if name not in table:
-            raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {self.known(kind)}. Register one with "
-                              "rstar_env.plugins.register(MyClass) or an [project.entry-points.rstar_env] entry in "
-                              f"its package{self._failed_note()}.")
+            raise PluginError(
+                f"unknown {kind} {name!r}; registered {kind}s: {self.known(kind)}. Register one with "
+                "rstar_env.plugins.register(MyClass) or an [project.entry-points.rstar_env] entry in "
+                f"its package{self._failed_note()}."
+            )
         return table[name].cls
 
     def known(self, kind: PluginKind) -> str:
@@ -356,8 +359,9 @@ def _model_fields(model: Any, label: str) -> list[str]:
 def _validate(model: Any, fields: list[str], options: dict[str, Any], label: str) -> Any:
     unknown = sorted(set(options) - set(fields))
     if unknown:
-        raise PluginError(f"{label} has no option(s) {', '.join(map(repr, unknown))}; its options are: "
-                          f"{', '.join(fields) or 'none'}")
+        raise PluginError(
+            f"{label} has no option(s) {', '.join(map(repr, unknown))}; its options are: {', '.join(fields) or 'none'}"
+        )
     try:
         if issubclass(model, BaseModel):
             return model.model_validate(options)
@@ -460,42 +464,6 @@ def load_reward(name: str, **options: Any) -> Reward:
 def load_sampler(name: str, **options: Any) -> Sampler:
     """Build the group sampler called ``name`` with ``options``."""
     return typing.cast(Sampler, get_registry().build("sampler", name, options))
-
-
-# -- calling plugins -----------------------------------------------------------------------------------------------
-_threads: ThreadPoolExecutor | None = None
-_threads_lock = threading.Lock()
-PLUGIN_THREADS = 64
-"""Threads for plain (non-async) plugin methods. A call past its time limit keeps its thread until it returns (a
-thread cannot be stopped), so there are more than a process runs calls at once."""
-
-
-def _plugin_threads() -> ThreadPoolExecutor:
-    global _threads
-    with _threads_lock:
-        if _threads is None:
-            _threads = ThreadPoolExecutor(max_workers=PLUGIN_THREADS, thread_name_prefix="rstar-env-plugin")
-        return _threads
-
-
-def _forget_threads_after_fork() -> None:
-    global _threads, _threads_lock
-    _threads, _threads_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_threads_after_fork)
-
-
-async def invoke(method: Callable[..., Any], *args: Any) -> Any:
-    """Call a plugin method and return its result: a coroutine function is awaited on the running loop; a plain
-    function runs in a thread (and an awaitable it returns is then awaited), so blocking or CPU-bound plugin code
-    never holds the event loop that every env of the process shares."""
-    if inspect.iscoroutinefunction(method):
-        return await method(*args)
-    result = await asyncio.get_running_loop().run_in_executor(_plugin_threads(), lambda: method(*args))
-    if inspect.isawaitable(result):
-        result = await result
-    return result
 
 
 __all__ = [

@@ -31,6 +31,6 @@ async def score_many(reward: Reward, pairs: Sequence[tuple[str, str]]) -> list[R
     batch = getattr(reward, "score_batch", None)
     if batch is not None:
         return list(await batch(list(pairs)))
-    from rstar_env.plugins import invoke
+    from rstar_env.invoke import invoke
 
     return list(await asyncio.gather(*(invoke(reward.score, r, a) for r, a in pairs)))

@@ -1,6 +1,6 @@
 """A watchdog that names whatever blocks an event loop that runs plugin calls.
 
-All envs of a process share one background event loop (:mod:`rstar_env._aio`), so one plugin that blocks it
+All envs of a process share one background event loop (:mod:`rstar_env.aio`), so one plugin that blocks it
 (``time.sleep``, or heavy CPU work inside ``async def``) stalls every episode, and no time limit can interrupt it.
 Each watched loop runs a cheap heartbeat (a timer callback a few times a second); one daemon thread checks the
 heartbeats. When a loop has not run its heartbeat for longer than the threshold, the watchdog logs a warning on the

@@ -97,7 +97,7 @@ if [[ $dev -eq 1 ]]; then
     # what OpenRLHF's trainer modules import. The tested set is scripts/openrlhf-constraints.txt.
     pip_install "deepspeed==0.19.6" "peft==0.18.1" "torchdata==0.11.0"
     # The example plugin package: its tests (examples/tests) run with the suite, through its real entry point.
-    pip_install --no-deps -e ./examples
+    pip_install --no-deps -e ./examples -e ./testkit
 else
     pip_install -e ".[local]"
 fi

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+
+# The test servers and stand-ins are the separate `rstar-env-testkit` distribution (testkit/, installed by
+# `scripts/setup.sh --dev`); a checkout where it is not installed still finds it here.
+if importlib.util.find_spec("rstar_env_testkit") is None:
+    sys.path.append(str(Path(__file__).resolve().parent.parent / "testkit"))
 
 from rstar_env.plugins import register, unregister
 from rstar_env.tool import EpisodeContext, function_schema

@@ -66,7 +66,7 @@ def _served_tool_call(code: str) -> dict:
 
 
 def test_chat_with_a_served_model_shows_tool_calls(tmp_path):
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     entries = [reply("Let me compute.", [_served_tool_call("6 * 7")]), reply("<answer>\\boxed{42}</answer>")]
     with ReplayServer(entries) as server:
@@ -80,7 +80,7 @@ def test_chat_with_a_served_model_shows_tool_calls(tmp_path):
 
 
 def test_eval_against_a_served_model_writes_trajectories(tmp_path):
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1), "id": f"q{i}"}) + "\n"

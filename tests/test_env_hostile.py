@@ -16,10 +16,10 @@ import pytest
 from rstar_env.format import MARKER_BREAK, neutralize_markers
 from rstar_env.rollout.openai import OpenAIPolicy
 from rstar_env.rollout.policy import Request
-from rstar_env.rollout.replay_server import ReplayServer, reply
 from rstar_env.testing import answer, python_call, raw_tool_call, tool_call
 from rstar_env.tool import EpisodeContext, function_schema
 from rstar_env.trajectory import RewardResult, ToolResult
+from rstar_env_testkit.replay_server import ReplayServer, reply
 
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
 BRACKETS = "<tool_call>" + "[" * 100000 + "]" * 100000

@@ -12,8 +12,8 @@ import pytest
 from rstar_env.format import DEFAULT_SYSTEM_PROMPT, format_tool_call
 from rstar_env.rollout.openai import OpenAIPolicy
 from rstar_env.rollout.policy import Generation, Policy, Request, SamplingParams
-from rstar_env.rollout.replay_server import ReplayServer, disconnect, fault, reply, slow, validate_messages
 from rstar_env.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from rstar_env_testkit.replay_server import ReplayServer, disconnect, fault, reply, slow, validate_messages
 
 DATA = Path(__file__).parent / "data"
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}

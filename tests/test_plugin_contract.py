@@ -461,7 +461,7 @@ def test_a_provider_with_a_misspelt_hook_or_a_non_class_is_refused_whole():
 def test_eval_exits_1_on_a_raising_verifier_and_reruns_after_a_fix(careless, tmp_path):
     import json
 
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n"

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from rstar_env.config import ConfigError, RunConfig, validation_error_message
+from rstar_trainers.hyperparams import RLHyperparameters
 
 # Keys of the OpenRLHF SFT section that mean nothing on one machine: accepted (one schema for both backends), unused.
 _DISTRIBUTED_SFT_KEYS = ("num_nodes", "gpus_per_node", "hostfile", "deepspeed", "extra_args")
@@ -86,10 +87,11 @@ def sft_config(data: dict[str, Any], **overrides: Any) -> LocalSFTConfig:
         raise ConfigError(validation_error_message(exc, "invalid SFT trainer section:", prefix="trainer.")) from None
 
 
-class LocalTrainerConfig(BaseModel):
+class LocalTrainerConfig(RLHyperparameters):
     """Single-machine GRPO-RoC. Each step rolls out ``group_size * oversample`` trajectories for each of
     ``prompts_per_step`` prompts, lets the sampler keep ``group_size`` of each group, and takes ``updates_per_step``
-    optimizer steps on them."""
+    optimizer steps on them. The RL hyperparameters are :class:`~rstar_trainers.hyperparams.RLHyperparameters`
+    (shared with the OpenRLHF trainer); the defaults of ``group_size`` and ``prompts_per_step`` fit a CPU."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -107,19 +109,8 @@ class LocalTrainerConfig(BaseModel):
     steps: PositiveInt = 10
     prompts_per_step: PositiveInt = 4
     group_size: PositiveInt = 4
-    """G: trajectories kept (and trained on) per prompt."""
-    oversample: PositiveInt = 2
-    """Rollouts per prompt = ``group_size * oversample`` (the paper: 2G = 32 -> G = 16)."""
 
-    lr: PositiveFloat = 1e-6
-    weight_decay: NonNegativeFloat = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: PositiveFloat = 1.0
-    clip_low: NonNegativeFloat = 0.2
-    clip_high: NonNegativeFloat = 0.28
-    kl_coef: NonNegativeFloat = 0.0
-    """KL to the initial weights (k3 estimator); 0 (the default, as in the paper) loads no reference model."""
-    entropy_coef: NonNegativeFloat = 0.0
     advantage_eps: PositiveFloat = 1e-6
     micro_batch_size: PositiveInt = 8
     gradient_checkpointing: bool = True
@@ -127,12 +118,8 @@ class LocalTrainerConfig(BaseModel):
     updates_per_step: PositiveInt = 1
     """Optimizer steps per rollout batch (mini-batches); above 1 the clipped ratio starts to matter."""
 
-    temperature: NonNegativeFloat = 1.0
-    top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: PositiveInt = 512
     """Per assistant turn."""
-    max_response_tokens: PositiveInt = 8192
-    """The env's length budget in tokens (actions and tool output); a trajectory cut by it scores 0."""
     rollout_width: PositiveInt = 64
     """Episodes in flight during a rollout."""
     generation_batch_size: PositiveInt = 32
@@ -155,10 +142,6 @@ class LocalTrainerConfig(BaseModel):
     the policy being trained; 0 is greedy)."""
     save_model: bool = True
     """Save the final weights in Hugging Face format under ``output_dir/model`` (loadable by ``rstar-env eval``)."""
-
-    @property
-    def rollouts_per_prompt(self) -> int:
-        return self.group_size * self.oversample
 
 
 def trainer_config(run: RunConfig, *, force_local: bool = False, **overrides: Any) -> LocalTrainerConfig:

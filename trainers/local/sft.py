@@ -1,7 +1,8 @@
 """Supervised fine-tuning on one machine (``trainer.stage: sft``): the paper's non-reasoning SFT stage, which teaches
 the tool-call and answer format before RL.
 
-Conversations are tokenized exactly as the env lays out an episode (:func:`rstar_env.data.sft_tokens`): the loss
+Conversations are tokenized exactly as the env lays out an episode
+(:func:`rstar_env.rollout.sft_data.sft_tokens`): the loss
 is on assistant tokens only; the prompt, the tool responses and the chat markers the env writes are masked. One
 step is ``train_batch_size`` conversations (a seeded permutation per epoch, the position checkpointed), in
 micro-batches of ``micro_train_batch_size``, averaged per token over the whole batch (so accumulation is exact).
@@ -26,7 +27,7 @@ import torch
 
 from rstar_env.config import RunConfig
 from rstar_env.data import DataError, load_dataset
-from rstar_env.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
+from rstar_env.rollout.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
 from rstar_trainers.local.checkpoint import (
     peak_rss_gib,
     read_checkpoint,

@@ -1,4 +1,4 @@
-"""Synthetic tool-use SFT data, made by driving the env itself (re-exported by :mod:`rstar_env.data`).
+"""Synthetic tool-use SFT data, made by driving the env itself (so it sits above the env, beside rollouts).
 
 Each example is one episode of :class:`~rstar_env.env.MathToolEnv` on a generated problem, played by a scripted
 "teacher": short reasoning, a ``python`` tool call, the tool response (the sandbox really runs the code; its output
@@ -84,7 +84,7 @@ def generate_tool_sft(
                         f"got kind={kind!r}")
     if not (0 <= fix <= 1 and 0 <= no_tool <= 1 and fix + no_tool <= 1):
         raise DataError(f"shares must lie in [0, 1] and fix + no_tool <= 1; got fix={fix}, no_tool={no_tool}")
-    from rstar_env import _aio
+    from rstar_env import aio
 
     problems = generate_problems(n, kind="arithmetic", level=level, seed=seed)
     rng = random.Random(f"toolsft|{seed}")
@@ -94,7 +94,7 @@ def generate_tool_sft(
         # A direct answer only where a small model can do it in its head: one operation on small numbers.
         style = "fix" if draw < fix else "no_tool" if draw < fix + no_tool and abs(int(p.answer)) < 100 else "tool"
         plans.append((p, style, rng.choice(_ERRORS), rng.randrange(1 << 30)))
-    return _aio.run_sync(_drive_all(plans, config, max(1, concurrency)))
+    return aio.run_sync(_drive_all(plans, config, max(1, concurrency)))
 
 
 async def _drive_all(plans: list[tuple[Any, str, str, int]], config: Any, concurrency: int) -> list[dict[str, Any]]:
