@@ -29,7 +29,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _base, _client, _isolation, _limits, _pool
+from . import _base, _cgroup, _client, _isolation, _limits, _pool
 
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "math",
@@ -92,8 +92,11 @@ class LocalSandbox(_base.ThreadedSandbox):
     * ``max_concurrency``: calls running at once (default :func:`default_concurrency`: 4 per core, at least 16);
       more calls queue. Each running call is a process; the kernel shares the cores among them.
     * ``timeout_s``: default wall-clock limit per call (4.0, the paper's tool limit); ``execute`` may override.
-    * ``memory_mb``: address-space limit per worker (2048). ``cpu_s``: CPU seconds per call, counting every
-      process the call starts (timeout + 1). ``tmp_mb``: size of each worker's private ``/tmp`` (256, in memory).
+    * ``memory_mb``: memory of each worker (a call, or a session) over its whole process tree, memfds, shared
+      memory and its ``/tmp`` included, where a cgroup can be had; else an address-space limit per process (2048).
+      ``pool_memory_mb``: memory of all workers together (half of what this process may use).
+      ``cpu_s``: CPU seconds per call, counting every process the call starts (timeout + 1).
+      ``tmp_mb``: size of each worker's private ``/tmp`` (256, in memory; counted in ``memory_mb``).
     * ``max_output_bytes``: stdout + stderr kept per call (1 MiB); more is ``output_limit``.
     * ``max_processes``, ``max_files``, ``max_file_mb``: RLIMIT_NPROC / NOFILE / FSIZE per worker.
     * ``preload``: modules the zygote imports (:data:`DEFAULT_PRELOAD`); ``warmup``: code it runs after.
@@ -126,6 +129,7 @@ class LocalSandbox(_base.ThreadedSandbox):
         python: str | None = None,
         start_timeout_s: float = 120.0,
         spares: int | None = None,
+        pool_memory_mb: int | None = None,
     ) -> None:
         super().__init__(
             max_concurrency=max_concurrency or default_concurrency(),
@@ -152,6 +156,7 @@ class LocalSandbox(_base.ThreadedSandbox):
             python=python,
             start_timeout_s=start_timeout_s,
             spares=min(self.max_concurrency, 16) if spares is None else spares,
+            pool_memory_mb=_cgroup.default_pool_memory_mb() if pool_memory_mb is None else pool_memory_mb,
         )
 
     @property
