@@ -4,19 +4,21 @@ Preference order for ``isolation="auto"``:
 
 1. **bubblewrap** (``bwrap``): new PID, network (unless ``network=True``), IPC, UTS and mount namespaces. The
    filesystem is built from an allowlist (:func:`visible_paths`): the system directories (``/usr``, ``/lib*``,
-   ``/bin``, ``/sbin``), a few files of ``/etc`` the loader and libc read, and the interpreter's prefixes and
-   import paths, all read-only at their own paths; a minimal ``/dev``, a fresh ``/proc``, an empty ``/tmp``, and
-   the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the interpreter), project checkout
-   or ``/etc/shadow``. The zygote is PID 1.
+   ``/bin``, ``/sbin``), a few files of ``/etc`` the loader and libc read, and the interpreter's install
+   locations (prefixes and site-packages folders), all read-only at their own paths; a minimal ``/dev``, a fresh
+   ``/proc``, an empty ``/tmp``, and the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the
+   interpreter), script folder, working directory, ``PYTHONPATH`` entry, project checkout or ``/etc/shadow``.
+   The zygote is PID 1.
 2. **unshare** (util-linux): new PID, IPC, mount and network namespaces with a fresh ``/proc`` (the zygote is
    PID 1), but the host filesystem as the worker's uid sees it, except that a private directory holding the
    interpreter (``/root``) is covered, with only the interpreter bound back (:func:`._limits.expose_interpreter`).
 3. **none**: the zygote is a plain subreaper process.
 
-On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC namespace and its own
-empty ``/tmp``, ``/dev/shm`` and ``/proc`` view, set up in the spare before it takes a call
-(:func:`._limits.private_namespaces`), so they cost nothing on a call's latency. Whatever cannot be had is named
-in a single warning.
+On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC and network namespaces
+and its own empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (:func:`._limits.private_namespaces`), a cgroup
+(:mod:`._cgroup`) and a syscall filter (:mod:`._seccomp`), set up in the spare before it takes a call, so they
+cost nothing on a call's latency. Whatever cannot be had is named in a single warning. The user-facing account
+is ``docs/security.md``.
 """
 
 from __future__ import annotations

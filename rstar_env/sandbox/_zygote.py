@@ -520,6 +520,8 @@ class Zygote:
                     os.kill(child, signal.SIGKILL)
         if self.cgroups is not None:
             self.cgroups.kill(worker.cgroup, spare=pid)  # CLONE_PARENT children are not below it
+        else:
+            self.sweep_strays()  # without a cgroup: they are our children that we did not fork
         try:
             threads = len(os.listdir(f"/proc/{pid}/task")) if worker.session else 1
         except OSError:

@@ -9,7 +9,8 @@ How a call runs::
 
 * The zygote is a clean interpreter (``python -c``), started once per sandbox under bubblewrap or ``unshare``
   (:mod:`._isolation`), so ``fork`` is safe and the pool's namespaces cost nothing per call. Spares are prepared
-  ahead (own IPC namespace, own empty ``/tmp`` and ``/dev/shm``, own uid, no capabilities).
+  ahead (own cgroup, own IPC and network namespaces, own empty ``/tmp`` and ``/dev/shm``, own uid, no
+  capabilities, a seccomp filter); see ``docs/security.md``.
 * Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``,
   stopped (SIGSTOP) between calls so nothing of it runs while it is not called.
 * The zygote, not the worker, tells the caller that a call is over, and only when every process of the call is
