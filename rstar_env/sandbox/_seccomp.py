@@ -29,8 +29,9 @@ not read their numbers.
 
 from __future__ import annotations
 
+import ctypes
 import errno
-from typing import Any
+import os
 
 CLONE_NEWTIME = 0x00000080  # unshare only: in clone's flags these bits are the exit signal
 CLONE_PARENT = 0x00008000
@@ -99,7 +100,7 @@ REFUSED = (
 """Refused outright with ``EPERM`` (names this architecture lacks are skipped)."""
 
 
-def build() -> Any:
+def build() -> CompiledFilter:
     """The filter, built once in the zygote (each worker loads it with ``.load()``). Raises ImportError or OSError
     (pyseccomp or libseccomp missing) or RuntimeError with the cause."""
     import pyseccomp as seccomp  # libseccomp is found when the module is imported
@@ -117,7 +118,42 @@ def build() -> Any:
         rules.add_rule(refuse, "unshare", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     # clone3 passes its flags in memory the filter cannot read: ENOSYS makes the C library fall back to clone.
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    return rules
+    # Compiled once here; each worker loads the program with one prctl (libseccomp would recompile it per load).
+    fd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
+    with os.fdopen(fd, "w+b") as exported:
+        rules.export_bpf(exported)
+        exported.seek(0)
+        return CompiledFilter(exported.read())
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+_BPF_INSTRUCTION_BYTES = 8
+
+
+class CompiledFilter:
+    """A BPF program ready to load; built in the zygote, loaded (inherited memory) in each forked worker."""
+
+    def __init__(self, program: bytes) -> None:
+        if not program or len(program) % _BPF_INSTRUCTION_BYTES:
+            raise RuntimeError(f"libseccomp exported a malformed program ({len(program)} bytes)")
+        self._buffer = ctypes.create_string_buffer(program, len(program))
+        self._prog = _SockFprog(len(program) // _BPF_INSTRUCTION_BYTES, ctypes.addressof(self._buffer))
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def load(self) -> None:
+        """Install the filter on the calling thread (and what it starts). Raises OSError if the kernel refuses."""
+        args = (ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        if self._libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), *args) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if self._libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog), 0, 0):
+            errno_ = ctypes.get_errno()
+            raise OSError(errno_, f"prctl(PR_SET_SECCOMP): {os.strerror(errno_)}")
 
 
 def describe_missing(exc: BaseException) -> str:

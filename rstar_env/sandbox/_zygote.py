@@ -160,6 +160,8 @@ class Zygote:
         self.cgroups: _cgroup.WorkerCgroups | None = None
         self.doomed_cgroups: set[str] = set()
         """Cgroups of dead workers not removed yet (a process in them was still exiting)."""
+        self.free_cgroups: list[str] = []
+        """Empty cgroups of dead workers, kept for the next spares (creating and removing one costs more)."""
         if config.get("cgroup"):
             self.cgroups = _cgroup.WorkerCgroups(config["cgroup"], self.limits.memory_mb, self.limits.max_processes)
             probe_name = f"probe{secrets.token_hex(4)}"
@@ -353,12 +355,16 @@ class Zygote:
         """Fork a prepared worker that waits on the dispatch socket for a call."""
         name = f"w{secrets.token_hex(8)}"
         workdir = os.path.join("/tmp" if self.private_mounts else self.base_dir, name)
+        # An empty cgroup of a dead worker, limits already set: entering it is one write per hierarchy.
+        cgroup = self.free_cgroups.pop() if self.free_cgroups else None
         link, child_link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         uid = None
         try:
             uid = self.uids.acquire() if self.uids is not None else None
             pid = os.fork()
         except OSError:
+            if cgroup is not None:
+                self.free_cgroups.append(cgroup)
             link.close()
             child_link.close()
             if uid is not None and self.uids is not None:
@@ -366,17 +372,20 @@ class Zygote:
             self.refill_after = time.monotonic() + SPARE_RETRY_S
             return
         if pid == 0:
-            self._become_worker(child_link.fileno(), workdir, uid, name)
+            self._become_worker(child_link.fileno(), workdir, uid, name, cgroup)
         child_link.close()
         link.setblocking(False)  # our own end only: the worker's end is a separate socket
-        self.workers[pid] = _Worker(workdir if not self.private_mounts else "", name, uid, link=link)
+        self.workers[pid] = _Worker(workdir if not self.private_mounts else "", cgroup or name, uid, link=link)
         self.idle.add(pid)
         self.selector.register(link, selectors.EVENT_READ, ("link", pid))
 
-    def _become_worker(self, link: int, workdir: str, uid: int | None, name: str) -> NoReturn:
+    def _become_worker(self, link: int, workdir: str, uid: int | None, name: str, cgroup: str | None) -> NoReturn:
         try:
-            if self.cgroups is not None:
-                self.cgroups.enter(name)  # first: every page and process of the worker counts from here
+            # First: every page and process of the worker counts from here.
+            if self.cgroups is not None and cgroup is not None:
+                self.cgroups.attach(cgroup)
+            elif self.cgroups is not None:
+                self.cgroups.enter(name)
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
@@ -497,8 +506,9 @@ class Zygote:
                 os.close(fd)
         worker.token, worker.running, worker.report = request.get("token"), True, None
         worker.cpu_s, worker.since = cpu_s, time.monotonic()
-        # A session's worker carries the CPU time of its earlier calls; a fresh one only its few ms of setup.
-        worker.cpu_base = self.cpu_used(pid, worker) if worker.session else 0.0
+        # A session's worker carries the CPU time of its earlier calls, a reused cgroup that of earlier workers; a
+        # fresh process tree only its few ms of setup.
+        worker.cpu_base = self.cpu_used(pid, worker) if worker.session or self.cgroups is not None else 0.0
         if worker.stopped:  # a session between calls: let it read the request
             worker.stopped = False
             os.kill(pid, signal.SIGCONT)
@@ -599,8 +609,10 @@ class Zygote:
             _proctree.kill_uid(worker.uid)
         if self.cgroups is not None:
             self.cgroups.kill(worker.cgroup)
-            self.doomed_cgroups.add(worker.cgroup)
-            self.remove_cgroups()
+            if not self.cgroups.pids(worker.cgroup) and len(self.free_cgroups) < 2 * self.spare_target:
+                self.free_cgroups.append(worker.cgroup)
+            else:
+                self.doomed_cgroups.add(worker.cgroup)  # removed after the reply: rmdir is off the call's latency
         if worker.workdir:
             _remove_tree(worker.workdir)
         if worker.uid is not None:
@@ -620,6 +632,7 @@ class Zygote:
                 self.selector.unregister(worker.chan)
             _send_nowait(worker.chan, exit_message)
             worker.chan.close()
+        self.remove_cgroups()
 
     def remove_cgroups(self) -> None:
         """Remove the cgroups of dead workers (one whose last process is still exiting waits for a later turn)."""
