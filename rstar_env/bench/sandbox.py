@@ -449,7 +449,7 @@ def _print_tables(results: dict[str, Any]) -> None:
         console.print(f"start-up: {startups}")
     if results.get("ratios"):
         table = Table(title=f"against subprocess.run([sys.executable, '-c', code]) ({BASELINE}), same run")
-        for column in ("backend", "workload", "conc.", "p50 ms", f"{BASELINE} p50 ms", "p50 speed-up", "throughput"):
+        for column in ("backend", "workload", "conc.", "p50 ms", f"{BASELINE} p50 ms", "p50 speed-up", "ops/s x"):
             table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
         for ratio in results["ratios"]:
             table.add_row(
