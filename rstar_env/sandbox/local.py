@@ -138,6 +138,9 @@ class LocalSandbox(_base.ThreadedSandbox):
             max_output_bytes=max_output_bytes,
             cpu_s=cpu_s,
         )
+        for name, value in (("memory_mb", memory_mb), ("pool_memory_mb", pool_memory_mb)):
+            if value is not None and value < 64:
+                raise ValueError(f"{name} must be at least 64 (MiB), got {value!r}")
         if isolation not in _isolation.ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {_isolation.ISOLATION_MODES}, got {isolation!r}")
         self.limits = _limits.Limits(
