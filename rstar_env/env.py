@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from rstar_env import aio, watchdog
 from rstar_env.config import ConfigError, DatasetSpec, EnvConfig, PluginSpec, RunConfig, load_config
+from rstar_env.data.records import check_row
 from rstar_env.format import (
     DEFAULT_SYSTEM_PROMPT,
     ChatFormat,
@@ -271,6 +272,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"reset option {STEP_LIMIT_OPTION!r} must be a positive int or None, got {limit!r}")
         self._episode_step_limit = limit
+        if row:
+            check_row(row, "reset options")
         row = row or self._draw()
         problem, answer = row.get("problem"), row.get("answer")
         if problem is None or not str(problem).strip():
