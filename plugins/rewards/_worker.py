@@ -27,7 +27,7 @@ from functools import lru_cache
 from multiprocessing.connection import Connection
 from typing import Any
 
-from rstar_plugins.rewards.normalize import plain_commas
+from rstar_env.data.numbers import plain_commas
 
 
 class _SoftTimeout(BaseException):

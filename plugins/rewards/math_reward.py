@@ -5,7 +5,7 @@ text, several boxes as one answer; one linear pass, in a helper thread, never on
 longer than ``max_answer_chars`` with no box in it scores 0 with ``reason="answer too long"``. Then two stages,
 cheapest first:
 
-1. **Exact fast path** (:mod:`.normalize`), in-process, microseconds: when both answers read as plain numbers
+1. **Exact fast path** (:mod:`rstar_env.data.numbers`), in-process: when both answers read as plain numbers
    (integers, decimals, fractions, after stripping ``$``, spacing, thousands separators, ``\\text{}`` units,
    degrees, percent, ``\\dfrac``, a trailing period, ``x =``), the pair is decided by exact rational arithmetic.
    This is the AIME / DAPO case and never touches sympy.
@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
+from rstar_env.data.numbers import compare_number_sets, compare_numbers, parse_number, same_answer
 from rstar_env.format import last_boxed
 from rstar_env.trajectory import RewardResult
 
 from .extract import Answer, Boxes, locate
-from .normalize import compare_number_sets, compare_numbers, parse_number, same_answer
 from .pool import VerifierPool
 
 REASONS: tuple[str, ...] = (

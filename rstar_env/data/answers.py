@@ -6,6 +6,8 @@ import json
 import re
 from typing import Any
 
+from rstar_env.data.numbers import parse_number
+
 
 def _match_brace(text: str, open_at: int) -> int:
     depth = 0
@@ -20,11 +22,6 @@ def _match_brace(text: str, open_at: int) -> int:
 
 
 _WRAPPER = re.compile(r"\\(?:boxed|fbox|text|mathrm|textbf)\s*\{")
-_INT = re.compile(r"[+-]?\d+")
-_INT_GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+")
-_INT_POINT_ZERO = re.compile(r"([+-]?\d+)\.0*")
-
-
 def _unwrap(text: str) -> str:
     s = text.strip()
     while True:
@@ -44,7 +41,8 @@ def integer_answer(answer: Any) -> int | None:
     """The integer an answer denotes, or ``None``.
 
     Accepts ``42``, ``"042"``, ``"-7"``, ``"1,000"``, ``"1{,}000"``, ``"12.0"``, ``"$\\boxed{12}$"``; rejects
-    ``"1/2"``, ``"1,2"``, ``"x=3"``, booleans.
+    ``"1/2"``, ``"1,2"``, ``"x=3"``, ``"50%"``, booleans. Numbers are read by
+    :func:`rstar_env.data.numbers.parse_number`, the reader the ``math`` reward uses.
     """
     if isinstance(answer, bool):
         return None
@@ -55,15 +53,13 @@ def integer_answer(answer: Any) -> int | None:
     if not isinstance(answer, str):
         return None
     s = _unwrap(answer)
-    s = s.replace("{,}", ",").replace("\\,", "").replace("\\!", "").replace("\u2212", "-").replace(" ", "")
-    if _INT.fullmatch(s):
-        return int(s)
-    if _INT_GROUPED.fullmatch(s):
-        return int(s.replace(",", ""))
-    m = _INT_POINT_ZERO.fullmatch(s)
-    if m:
-        return int(m.group(1))
-    return None
+    if "=" in s:  # "x=3" names a variable's value; a dataset's answer field should hold the value alone
+        return None
+    # The reward's reader (rstar_env.data.numbers), so a dataset and the verifier agree on what a number is.
+    number = parse_number(s)
+    if number is None or number.percent or number.value.denominator != 1:
+        return None
+    return int(number.value)
 
 
 def normalize_answer(answer: Any) -> str:

@@ -1,4 +1,6 @@
-"""The exact fast path: answers that are plain numbers, compared in-process without sympy.
+"""Numbers written in answers, read exactly: the one normaliser that datasets and the ``math`` reward share.
+
+The reward's exact fast path: answers that are plain numbers, compared in-process without sympy.
 
 Most RL math data (AIME, DAPO-Math, GSM8K) has integer or simple rational answers. Comparing them through
 math-verify costs milliseconds of sympy and a process hop; comparing two :class:`~fractions.Fraction` values costs
