@@ -280,8 +280,9 @@ _CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (env, tools, reward, dataset).")
 @click.option("--samples", "-k", default=1, show_default=True, help="Samples per problem (pass@1 is their mean).")
 @click.option("--limit", type=int, default=None, help="Only the first N problems.")
-@click.option("--out", type=click.Path(dir_okay=False), default="runs/eval.jsonl", show_default=True,
-              help="Trajectories JSONL; a run resumes from what it already holds.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Trajectories JSONL; a run resumes from what it already holds of the same model (another "
+                   "model's file is refused) [default: runs/eval/MODEL.jsonl, one file per model and weights].")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Per assistant turn.")
@@ -292,7 +293,7 @@ _CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tuple[int, ...],
                  engine_concurrency: int | None, served_model: str | None, dataset: str | None,
-                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str,
+                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str | None,
                  temperature: float, top_p: float,
                  max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
                  as_json: bool) -> None:
@@ -303,7 +304,7 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
     from rstar_env.config import ConfigError, load_config
     from rstar_env.data import DataError, load_dataset
     from rstar_env.plugins import PluginError
-    from rstar_env.rollout.evaluate import evaluate
+    from rstar_env.rollout.evaluate import EvalResumeError, evaluate, model_identity
     from rstar_env.rollout.metrics import format_summary_rows
     from rstar_env.rollout.policy import SamplingParams
     from rstar_env.vector import MathToolVectorEnv
@@ -331,6 +332,8 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
     if policy.tokenizer is not None:  # token-level truth: the env encodes prompt and feedback with the policy's
         for sub in env.envs:
             sub.tokenizer = policy.tokenizer
+    identity = model_identity(model, served_model=served_model or model, endpoints=[s.url for s in specs])
+    out = out or _default_eval_out(identity)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=console,
                   disable=as_json and not sys.stderr.isatty()) as progress:
@@ -349,22 +352,27 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
 
         async def run() -> dict[str, Any]:
             try:
-                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done)
+                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done,
+                                      model=identity)
             finally:
                 await policy.aclose()
                 await env.aclose()
 
-        summary = _aio.run_sync(run())
+        try:
+            summary = _aio.run_sync(run())
+        except EvalResumeError as exc:
+            _fail(str(exc))
         progress.update(task, completed=total)
     tps = getattr(policy, "tokens_per_second", None)
     if tps:
         summary["policy_tokens_per_second"] = tps
     summary["trajectories_file"] = out
+    summary["model"] = identity
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        where = model or ", ".join(spec.url for spec in specs) or "smollm2"
-        table = Table(title=f"eval: {where} on {cfg.dataset.source}")
+        where = identity["model"] + (f" at {identity['endpoint']}" if "endpoint" in identity else "")
+        table = Table(title=f"eval: {where} on {cfg.dataset.source}", caption=f"trajectories: {out}")
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in format_summary_rows(summary):
@@ -380,6 +388,14 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
                       f"not scored; the error is in each record's 'error' field of {out}. Run the same command "
                       "again to retry them.[/]")
         sys.exit(1)
+
+
+def _default_eval_out(identity: dict[str, str]) -> str:
+    """``runs/eval/NAME[-HASH].jsonl``: one file per model (and weights), so runs of two models never meet."""
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", identity["model"]).strip("-.")[-60:] or "model"
+    return f"runs/eval/{name}" + (f"-{identity['hash'][:8]}" if "hash" in identity else "") + ".jsonl"
 
 
 # -- chat ----------------------------------------------------------------------------------------------------------
