@@ -411,50 +411,63 @@ def _default_eval_out(identity: dict[str, str]) -> str:
 def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None, config: str | None,
          temperature: float, max_new_tokens: int, max_turns: int, gold: str | None) -> None:
     """Chat with a model that can run Python: each question is an episode; tool calls and their results are shown
-    as they happen. Type a question (empty line or Ctrl-D quits)."""
+    as they happen. Type a question (empty line or Ctrl-D quits). Without --answer the episodes are unscored."""
+    from rich.markup import escape
+
     from rstar_env import _aio
     from rstar_env.config import ConfigError, load_config
     from rstar_env.env import MathToolEnv
+    from rstar_env.format import extract_answer
     from rstar_env.plugins import PluginError
     from rstar_env.rollout.collect import context_ids
     from rstar_env.rollout.policy import Request, SamplingParams
 
+    out = Console(highlight=False)  # the conversation is the command's output: stdout
     try:
         cfg = load_config(config)
+        if gold is None:  # a question typed in a chat has no gold answer: run it unscored, not as a data error
+            cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"allow_unscored": True})})
         env = MathToolEnv(config=cfg, max_turns=max_turns)
     except (ConfigError, PluginError) as exc:
         _fail(str(exc))
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     specs = _endpoint_specs(cfg, endpoints, (), None)
-    policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
+    with out.status("loading the model...", spinner="dots"):
+        policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
     env.tokenizer = policy.tokenizer
+    hidden = _chat_markers(env, policy.tokenizer)
 
     async def episode(question: str) -> None:
-        await env.areset(options={"problem": question, "answer": gold or ""})
+        await env.areset(options={"problem": question, "answer": gold})
         key = uuid.uuid4().hex  # one key per episode: several engines keep its turns on one (prefix cache)
         while True:
             trajectory = env.trajectory
             assert trajectory is not None
             ids = context_ids(trajectory) if policy.tokenizer is not None else None
-            (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
-            console.rule("[bold cyan]assistant")
-            console.print(generation.text, markup=False, highlight=False)
-            _, reward, terminated, truncated, info = await env.astep(
-                generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
-            )
+            with out.status("the model is writing...", spinner="dots"):
+                (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
+            out.rule("[bold cyan]assistant")
+            out.print(hidden.sub("", generation.text).strip(), markup=False)
+            with out.status("running tools...", spinner="dots"):
+                _, reward, terminated, truncated, info = await env.astep(
+                    generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
+                )
             for call in info["trajectory"].turns[-1].tool_calls:
                 style = "red" if call.error else "green"
-                console.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
-                console.print(call.result.text, markup=False, highlight=False)
+                out.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
+                out.print(call.result.text, markup=False)
             if terminated or truncated:
                 final = info["trajectory"]
-                scored = f"  reward {reward} against {gold!r}" if gold is not None else ""
-                console.print(f"[dim]episode over: {final.end_reason}; answer {final.final_answer!r}{scored}[/]")
+                said = final.final_answer
+                if said is None and final.turns:  # unscored: no verifier ran, so read the answer format here
+                    said = extract_answer(final.turns[-1].action)
+                scored = f"  reward {reward} against {gold!r}" if gold is not None else "  (unscored: no --answer)"
+                out.print(f"[dim]episode over: {final.end_reason}; answer {escape(repr(said))}{escape(scored)}[/]")
                 return
 
     try:
         while True:
-            console.print("[bold]you>[/] ", end="")
+            out.print("[bold]you>[/] ", end="")
             question = sys.stdin.readline()
             if not question.strip():
                 return
@@ -462,6 +475,17 @@ def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None
     finally:
         _aio.run_sync(policy.aclose())
         env.close()
+
+
+def _chat_markers(env: Any, tokenizer: Any) -> Any:
+    """A pattern matching the chat template's control markers (``<|im_end|>``, any ``<|name|>``) and the
+    tokenizer's special tokens: the model's raw turn end is protocol, not something to show a person."""
+    import re
+
+    markers = {*env.chat_format.control_markers, *(getattr(tokenizer, "all_special_tokens", None) or [])}
+    markers = {m for m in markers if isinstance(m, str) and m.strip() and m.startswith("<")}
+    alternatives = [re.escape(m) for m in sorted(markers, key=len, reverse=True)] + [r"<\|[^|<>\s]{1,40}\|>"]
+    return re.compile("|".join(alternatives))
 
 
 # -- training ----------------------------------------------------------------------------------------------------

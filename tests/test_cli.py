@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from rstar_env.cli import main
@@ -135,3 +136,27 @@ def test_eval_default_out_is_one_file_per_model(tmp_path, monkeypatch):
         assert result.exit_code == 0, result.output
         summary = json.loads(result.output[result.output.index("{"):])
         assert summary["resumed"] == 0 and summary["trajectories_file"] == f"runs/eval/{served}.jsonl"
+
+
+def test_chat_without_an_answer_is_unscored_on_stdout_without_markers(tmp_path):
+    from rstar_env.rollout.replay_server import ReplayServer, reply
+
+    entries = [reply("Let me compute.<|im_end|>", [_served_tool_call("print(6 * 7)")]),
+               reply("<answer>\\boxed{42}</answer><|im_end|>")]
+    with ReplayServer(entries) as server:
+        result = CliRunner().invoke(main, ["chat", "--endpoint", server.base_url, "--served-model", "m"],
+                                    input="What is 6 times 7?\n\n")
+    assert result.exit_code == 0, result.output
+    assert "Let me compute." in result.stdout and "tool python" in result.stdout and "42" in result.stdout
+    assert "episode over: answer; answer '42'  (unscored: no --answer)" in result.stdout
+    assert "<|im_end|>" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_chat_with_the_real_model_verbatim():
+    """The README's `rstar-env chat` with SmolLM2: no gold answer needed, no raw chat markers shown."""
+    result = CliRunner().invoke(main, ["chat", "--max-new-tokens", "48", "--max-turns", "2"],
+                                input="What is 2 + 3?\n\n")
+    assert result.exit_code == 0, result.output
+    assert "assistant" in result.stdout and "episode over" in result.stdout and "unscored" in result.stdout
+    assert "<|im_end|>" not in result.output and "<|im_start|>" not in result.output
