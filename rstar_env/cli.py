@@ -114,6 +114,8 @@ def run_tool(
         tool = load_tool(name, **options)
     except PluginError as exc:
         _fail(str(exc))
+    except Exception as exc:  # a tool's constructor (a plugin, or the sandbox it builds) refused its options
+        _fail(_one_line(f"{name}: could not build the tool", exc))
 
     async def run() -> dict[str, Any]:
         try:
@@ -137,7 +139,23 @@ def run_tool(
             if closer is not None:
                 await closer()
 
-    click.echo(json.dumps(_aio.run_sync(run()), indent=2, ensure_ascii=False))
+    try:
+        result = _aio.run_sync(run())
+    except click.ClickException:
+        raise
+    except Exception as exc:  # the sandbox or the plugin failed (not the code it ran: that is a result, above)
+        _fail(_one_line(f"{name}: the call failed", exc))
+    click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+
+
+def _one_line(what: str, exc: BaseException) -> str:
+    """An error as one line, like every other command's; RSTAR_ENV_TRACEBACK=1 re-raises for the full story."""
+    import os
+
+    if os.environ.get("RSTAR_ENV_TRACEBACK"):
+        raise exc
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{what}: {type(exc).__name__}: {text} (RSTAR_ENV_TRACEBACK=1 shows the traceback)"
 
 
 # -- episode -----------------------------------------------------------------------------------------------------

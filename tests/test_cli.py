@@ -160,3 +160,10 @@ def test_chat_with_the_real_model_verbatim():
     assert result.exit_code == 0, result.output
     assert "assistant" in result.stdout and "episode over" in result.stdout and "unscored" in result.stdout
     assert "<|im_end|>" not in result.output and "<|im_start|>" not in result.output
+
+
+def test_run_tool_errors_in_one_line():
+    result = CliRunner().invoke(main, ["run-tool", "python", "--backend", "nope"], input="print(1)\n")
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert "unknown sandbox backend 'nope'" in result.output

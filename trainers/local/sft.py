@@ -30,7 +30,9 @@ from rstar_env.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec
 from rstar_trainers.local.checkpoint import (
     peak_rss_gib,
     read_checkpoint,
+    refuse_finished_run,
     release_memory,
+    remove_checkpoints,
     restore_training_state,
     save_pretrained,
     training_state,
@@ -227,6 +229,7 @@ class SFTTrainer:
         """Load the latest checkpoint under ``output_dir``, if any."""
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
+            refuse_finished_run(self.out, self.checkpoint_dir)
             return False
         self.step, cursor = restore_training_state(state, self.model, self.optimizer)
         self.cursor = DataCursor(*cursor)
@@ -270,6 +273,8 @@ def run_sft_stage(
         if not settings.save_hf:
             model_dir = trainer.save_model()
         done.write_text(json.dumps({"model": str(model_dir), "steps": trainer.step, "eval": report}, indent=2))
+        if settings.keep_checkpoints == "none":  # a rerun goes by done.json and the model: nothing to resume
+            remove_checkpoints(trainer.checkpoint_dir, trainer.step, model_dir)
         return model_dir, report
     finally:
         trainer.close()

@@ -45,7 +45,9 @@ from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.checkpoint import (
     peak_rss_gib,
     read_checkpoint,
+    refuse_finished_run,
     release_memory,
+    remove_checkpoints,
     restore_training_state,
     save_pretrained,
     training_state,
@@ -166,7 +168,9 @@ class LocalTrainer:
         if self.step >= self.cfg.steps:
             self._held_out("eval", on_eval)
             if self.cfg.save_model:
-                self.save_model()
+                model = self.save_model()
+                if self.cfg.keep_checkpoints == "none":  # the final model stays; nothing is left to resume
+                    remove_checkpoints(self.checkpoint_dir, self.step, model)
 
     def _held_out(self, name: str, on_eval: Callable[[str, dict[str, float]], None] | None) -> None:
         if self.cfg.eval_dataset:
@@ -345,6 +349,7 @@ class LocalTrainer:
         """Load the latest checkpoint under ``output_dir``, if any."""
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
+            refuse_finished_run(self.out, self.checkpoint_dir)
             return False
         self.step, cursor = restore_training_state(state, self.model, self.optimizer)
         self.cursor = DataCursor(*cursor)
