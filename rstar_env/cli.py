@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -551,17 +552,31 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
         import shutil
 
         shutil.rmtree(out, ignore_errors=True)
+    from rstar_trainers.local.progress import (
+        RL_COLUMNS,
+        RL_LEGEND,
+        SFT_COLUMNS,
+        RunProgress,
+        held_out_line,
+        peak_memory_gib,
+        summary_lines,
+        table_header,
+        table_row,
+    )
+
+    started = time.monotonic()
+    sft_model: str | None = None
     if sft is not None:
-        sft_columns = ("step", "loss", "grad_norm", "lr", "time/step_s")
         console.print("[bold]SFT stage[/] -> " + sft.output_dir)
-        if settings is None:
-            console.print("  ".join(f"{c.split('/')[-1]:>12}" for c in sft_columns))
         try:
             if settings is None:
-                model_dir, report = run_sft_stage(
-                    run, sft, max_steps=max_steps,
-                    on_step=lambda m: console.print("  ".join(f"{m.get(c, 0):>12.4g}" for c in sft_columns)))
-            else:  # SFT before RL: in a child process, so RL never holds the SFT stage's memory
+                with RunProgress(console) as progress:
+                    for line in table_header(SFT_COLUMNS):
+                        progress.print(line)
+                    model_dir, report = run_sft_stage(
+                        run, sft, max_steps=max_steps, on_progress=progress.update,
+                        on_step=lambda m: progress.print(table_row(SFT_COLUMNS, m)))
+            else:  # SFT before RL: in a child process (it shows its own progress), so RL never holds its memory
                 model_dir, report = run_sft_stage_isolated(run, sft)
         except (ConfigError, DataError) as exc:
             _fail(str(exc))
@@ -569,42 +584,71 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
             console.print("[yellow]interrupted: SFT checkpoint saved[/]")
             raise SystemExit(130) from None
         if report:
-            console.print("SFT held-out: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+            console.print(held_out_line("SFT held-out", report), markup=False, highlight=False, soft_wrap=True)
         if settings is None:
-            console.print(f"done: SFT model in {model_dir}; metrics in {sft.output_dir}/metrics.jsonl "
-                          f"(rstar-env plot {sft.output_dir})")
+            if model_dir is None:
+                console.print(f"SFT stage not finished yet (rerun to continue); checkpoints in {sft.output_dir}")
+                return
+            eval_path = Path(sft.output_dir) / "eval.json"
+            for line in summary_lines(model=str(model_dir), run_dir=sft.output_dir, eval_before=None,
+                                      eval_after=report or None,
+                                      eval_path=str(eval_path) if eval_path.exists() else None,
+                                      seconds=time.monotonic() - started, peak_gib=peak_memory_gib(),
+                                      steps=_last_step(Path(sft.output_dir))):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         if model_dir is None:
             _fail(f"the SFT stage has not finished (rerun to continue it); its checkpoints are in {sft.output_dir}")
+        sft_model = str(model_dir)
         settings = settings.model_copy(update={"model": str(model_dir)})
         console.print("[bold]RL stage[/] from " + str(model_dir))
     assert settings is not None
-    trainer = LocalTrainer(run, settings)
+    try:
+        trainer = LocalTrainer(run, settings)
+    except (ConfigError, DataError) as exc:
+        _fail(str(exc))
     if trainer.step:
         console.print(f"resuming {settings.output_dir} at step {trainer.step}")
-    columns = ("step", "reward", "accuracy", "tool_calls_per_trajectory", "tool_error_ratio_correct", "groups_kept",
-               "loss", "time/step_s")
-    table_header = "  ".join(f"{c.split('/')[-1][:12]:>12}" for c in columns)
-    console.print(table_header)
-
-    def show(metrics: dict[str, Any]) -> None:
-        console.print("  ".join(f"{metrics.get(c, 0):>12.4g}" for c in columns))
 
     def held_out(name: str, report: dict[str, float]) -> None:
-        label = "held-out before RL" if name == "eval_start" else "held-out after RL"
-        console.print(f"{label}: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+        progress.print(held_out_line("held-out before RL" if name == "eval_start" else "held-out after RL", report))
+
+    with RunProgress(console) as progress:
+        for line in (*table_header(RL_COLUMNS), RL_LEGEND):
+            progress.print(line)
+        try:
+            trainer.train(max_steps=max_steps, on_step=lambda m: progress.print(table_row(RL_COLUMNS, m)),
+                          on_eval=held_out, on_progress=progress.update)
+        except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
+            raise SystemExit(130) from None
+        finally:
+            trainer.close()
+    root = Path(settings.output_dir)
+    model_path = root / "model"
+    for line in summary_lines(
+        model=str(model_path) if (model_path / "config.json").exists() and trainer.step >= settings.steps else None,
+        run_dir=settings.output_dir, eval_before=_read_json(root / "eval_start.json"),
+        eval_after=_read_json(root / "eval.json"),
+        eval_path=str(root / "eval.json") if (root / "eval.json").exists() else None,
+        seconds=time.monotonic() - started, peak_gib=peak_memory_gib(), steps=trainer.step, sft_model=sft_model,
+    ):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _last_step(run_dir: Path) -> int:
+    from rstar_trainers.local.logging import read_metrics
 
     try:
-        trainer.train(max_steps=max_steps, on_step=show, on_eval=held_out)
-    except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback needed
-        _fail(str(exc))
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
-        raise SystemExit(130) from None
-    finally:
-        trainer.close()
-    console.print(f"done: step {trainer.step}; metrics in {settings.output_dir}/metrics.jsonl "
-                  f"(rstar-env plot {settings.output_dir})")
+        return max((int(r.get("step", 0)) for r in read_metrics(run_dir)), default=0)
+    except FileNotFoundError:
+        return 0
 
 
 @main.command()

@@ -34,7 +34,7 @@ import torch
 from rstar_env.config import RunConfig, load_config
 from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
-from rstar_env.rollout.collect import collect, jobs_for, trajectory_tokens
+from rstar_env.rollout.collect import jobs_for, trajectory_tokens
 from rstar_env.rollout.dispatch import DispatchPolicy, EngineSpec, engine_stats_metrics
 from rstar_env.rollout.local import TransformersPolicy, load_model
 from rstar_env.rollout.metrics import summarize
@@ -54,7 +54,7 @@ from rstar_trainers.local.checkpoint import (
     write_checkpoint,
 )
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
-from rstar_trainers.local.heldout import evaluate_model, record_held_out
+from rstar_trainers.local.heldout import collect_reporting, evaluate_model, record_held_out
 from rstar_trainers.local.logging import MetricsLogger, truncate_jsonl
 from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, masked_token_logprobs
 
@@ -135,6 +135,8 @@ class LocalTrainer:
         )
         self.logger = MetricsLogger(self.out, tensorboard=settings.tensorboard, wandb_project=settings.wandb_project,
                                     config={"run": run.model_dump(), "trainer": settings.model_dump()})
+        self.on_progress: Callable[[str, int, int, str], None] | None = None
+        """``(key, done, total, description)`` as rollouts, updates and held-out episodes finish (progress)."""
         if resume:
             self.resume()
 
@@ -146,9 +148,13 @@ class LocalTrainer:
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              on_eval: Callable[[str, dict[str, float]], None] | None = None) -> None:
+              on_eval: Callable[[str, dict[str, float]], None] | None = None,
+              on_progress: Callable[[str, int, int, str], None] | None = None) -> None:
         """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises.
-        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written."""
+        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written;
+        ``on_progress`` (see :attr:`on_progress`) the progress within steps and held-out evaluations."""
+        if on_progress is not None:
+            self.on_progress = on_progress
         target = self.cfg.steps if max_steps is None else min(self.cfg.steps, self.step + max_steps)
         if self.cfg.eval_at_start and self.step == 0:
             self._held_out("eval_start", on_eval)
@@ -186,8 +192,14 @@ class LocalTrainer:
                                    temperature=self.cfg.temperature if self.cfg.eval_temperature is None
                                    else self.cfg.eval_temperature, seed=self.cfg.seed + 10_000,
                                    width=self.cfg.rollout_width, batch_size=self.cfg.generation_batch_size,
-                                   device=self.cfg.device)
+                                   device=self.cfg.device, on_done=self._reporter("held-out", "held-out episodes"))
         return report
+
+    def _reporter(self, key: str, description: str) -> Callable[[int, int], None] | None:
+        report = self.on_progress
+        if report is None:
+            return None
+        return lambda done, total: report(key, done, total, description)
 
     def train_step(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -196,7 +208,8 @@ class LocalTrainer:
         gen_before = self.policy.seconds_generating
         self.model.eval()
         engines_before = self.rollout_policy.stats()
-        trajectories = asyncio.run(collect(self.rollout_policy, jobs, env=self.env))
+        trajectories = asyncio.run(collect_reporting(
+            self.rollout_policy, jobs, self.env, self._reporter("rollout", f"step {self.step + 1}: rollouts")))
         rollout_s = time.perf_counter() - started
         generation_s = self.policy.seconds_generating - gen_before
 
@@ -206,7 +219,12 @@ class LocalTrainer:
         samples, selection = self.select(list(groups.values()))
 
         train_started = time.perf_counter()
+        updating = self._reporter("update", f"step {self.step + 1}: updating the weights")
+        if updating is not None:
+            updating(0, 1)
         update = self.update(samples) if samples else {"loss": 0.0, "grad_norm": 0.0, "skipped_update": 1.0}
+        if updating is not None:
+            updating(1, 1)
         train_s = time.perf_counter() - train_started
         release_memory()
         self.step += 1
