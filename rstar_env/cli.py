@@ -603,17 +603,17 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
         settings = settings.model_copy(update={"model": str(model_dir)})
         console.print("[bold]RL stage[/] from " + str(model_dir))
     assert settings is not None
-    try:
-        trainer = LocalTrainer(run, settings)
-    except (ConfigError, DataError) as exc:
-        _fail(str(exc))
-    if trainer.step:
-        console.print(f"resuming {settings.output_dir} at step {trainer.step}")
 
     def held_out(name: str, report: dict[str, float]) -> None:
         progress.print(held_out_line("held-out before RL" if name == "eval_start" else "held-out after RL", report))
 
     with RunProgress(console) as progress:
+        try:
+            trainer = LocalTrainer(run, settings, on_progress=progress.update)
+        except (ConfigError, DataError) as exc:
+            _fail(str(exc))
+        if trainer.step:
+            progress.print(f"resuming {settings.output_dir} at step {trainer.step}")
         for line in (*table_header(RL_COLUMNS), RL_LEGEND):
             progress.print(line)
         try:

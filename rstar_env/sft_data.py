@@ -96,6 +96,8 @@ def generate_tool_sft(
         # A direct answer only where a small model can do it in its head: one operation on small numbers.
         style = "fix" if draw < fix else "no_tool" if draw < fix + no_tool and abs(int(p.answer)) < 100 else "tool"
         plans.append((p, style, rng.choice(_ERRORS), rng.randrange(1 << 30)))
+    if on_done is not None:
+        on_done(0, len(plans))
     return _aio.run_sync(_drive_all(plans, config, max(1, concurrency), on_done))
 
 

@@ -77,7 +77,7 @@ def test_summary_says_where_things_are_and_before_after():
                           seconds=780, peak_gib=3.5, steps=8, sft_model="runs/q/sft/model")
     text = "\n".join(lines)
     assert "runs/q/model" in text and "runs/q/sft/model" in text and "runs/q/eval.json" in text
-    assert "pass@1                 0.250   0.500" in text
+    assert "  pass@1                       0.250   0.500" in text
     assert "total time 13.0 min" in text and "peak memory 3.50 GiB" in text
     assert max(len(line) for line in lines) <= 100
     worst = {"pass@1": 0.123456, "tool_call_share": 0.87654, "answer_format_share": 0.7777,

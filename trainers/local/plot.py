@@ -78,6 +78,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'rstar-env[local]'") from exc
     run_dir = Path(run_dir)
@@ -100,6 +101,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
             ax.plot(steps, _series(rows, key), marker="o", markersize=3, label=LABELS.get(key, key))
         ax.set_title(panel.title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(panel.ylabel)
         ax.grid(alpha=0.3)
         if len(keys) > 1:
@@ -129,5 +131,6 @@ def _draw_held_out(ax: Any, before: dict[str, float] | None, after: dict[str, fl
     ax.set_xticks(range(len(keys)), [k.replace("_", " ") for k in keys], fontsize=8)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("share of held-out episodes")
-    ax.set_title("held-out: before vs after")
+    ax.set_title("held-out: before vs after" if before is not None and after is not None
+                 else f"held-out: {'after' if after is not None else 'before'} training")
     ax.legend(fontsize=8)

@@ -193,13 +193,13 @@ def summary_lines(*, model: str | None, run_dir: str, eval_before: Mapping[str, 
     if eval_path:
         lines.append(f"held-out report:  {eval_path}")
     if eval_after or eval_before:
-        lines.append(f"{'held-out':<22}{'before':>8}{'after':>8}")
+        lines.append(f"{'held-out':<28}{'before':>8}{'after':>8}")
         for key in HELD_OUT_KEYS:
             before = (eval_before or {}).get(key)
             after = (eval_after or {}).get(key)
             if before is None and after is None:
                 continue
-            lines.append(f"  {key:<20}{_cell(before):>8}{_cell(after):>8}")
+            lines.append(f"  {key:<26}{_cell(before):>8}{_cell(after):>8}")
     lines.append(f"steps:            {steps}   total time {_seconds(seconds)}   peak memory {peak_gib:.2f} GiB")
     return lines
 

@@ -86,7 +86,12 @@ class SFTTrainer:
         self.on_progress = on_progress
         self.cfg = settings
         self.out = Path(settings.output_dir)
+        loading = self._reporter("model", f"loading {settings.model}") if model_and_tokenizer is None else None
+        if loading is not None:
+            loading(0, 1)
         self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
+        if loading is not None:
+            loading(1, 1)
         self.examples = examples if examples is not None else self.load_examples()
         if not self.examples:
             raise DataError(f"the SFT dataset {settings.dataset!r} has no conversation with an assistant token")

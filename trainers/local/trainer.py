@@ -99,13 +99,21 @@ class LocalTrainer:
         *,
         resume: bool = True,
         model_and_tokenizer: tuple[Any, Any] | None = None,
+        on_progress: Callable[[str, int, int, str], None] | None = None,
     ) -> None:
         """``model_and_tokenizer``: weights to train instead of loading ``settings.model`` (the trainer owns them
-        from then on)."""
+        from then on); ``on_progress``: see :attr:`on_progress` (here also the model's loading)."""
         self.run = run
         self.cfg = settings
         self.out = Path(settings.output_dir)
+        self.on_progress: Callable[[str, int, int, str], None] | None = on_progress
+        """``(key, done, total, description)`` as rollouts, updates and held-out episodes finish (progress)."""
+        loading = self._reporter("model", f"loading {settings.model}") if model_and_tokenizer is None else None
+        if loading is not None:
+            loading(0, 1)
         self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
+        if loading is not None:
+            loading(1, 1)
         self.model.train()
         self.reference = None
         if settings.kl_coef > 0:
@@ -135,8 +143,6 @@ class LocalTrainer:
         )
         self.logger = MetricsLogger(self.out, tensorboard=settings.tensorboard, wandb_project=settings.wandb_project,
                                     config={"run": run.model_dump(), "trainer": settings.model_dump()})
-        self.on_progress: Callable[[str, int, int, str], None] | None = None
-        """``(key, done, total, description)`` as rollouts, updates and held-out episodes finish (progress)."""
         if resume:
             self.resume()
 
