@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,8 @@ def run_tool(
         tool = load_tool(name, **options)
     except PluginError as exc:
         _fail(str(exc))
+    except Exception as exc:  # a tool's constructor (a plugin, or the sandbox it builds) refused its options
+        _fail(_one_line(f"{name}: could not build the tool", exc))
 
     async def run() -> dict[str, Any]:
         try:
@@ -137,7 +140,23 @@ def run_tool(
             if closer is not None:
                 await closer()
 
-    click.echo(json.dumps(aio.run_sync(run()), indent=2, ensure_ascii=False))
+    try:
+        result = aio.run_sync(run())
+    except click.ClickException:
+        raise
+    except Exception as exc:  # the sandbox or the plugin failed (not the code it ran: that is a result, above)
+        _fail(_one_line(f"{name}: the call failed", exc))
+    click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+
+
+def _one_line(what: str, exc: BaseException) -> str:
+    """An error as one line, like every other command's; RSTAR_ENV_TRACEBACK=1 re-raises for the full story."""
+    import os
+
+    if os.environ.get("RSTAR_ENV_TRACEBACK"):
+        raise exc
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{what}: {type(exc).__name__}: {text} (RSTAR_ENV_TRACEBACK=1 shows the traceback)"
 
 
 # -- episode -----------------------------------------------------------------------------------------------------
@@ -280,8 +299,9 @@ _CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (env, tools, reward, dataset).")
 @click.option("--samples", "-k", default=1, show_default=True, help="Samples per problem (pass@1 is their mean).")
 @click.option("--limit", type=int, default=None, help="Only the first N problems.")
-@click.option("--out", type=click.Path(dir_okay=False), default="runs/eval.jsonl", show_default=True,
-              help="Trajectories JSONL; a run resumes from what it already holds.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Trajectories JSONL; a run resumes from what it already holds of the same model (another "
+                   "model's file is refused) [default: runs/eval/MODEL.jsonl, one file per model and weights].")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Per assistant turn.")
@@ -292,7 +312,7 @@ _CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tuple[int, ...],
                  engine_concurrency: int | None, served_model: str | None, dataset: str | None,
-                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str,
+                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str | None,
                  temperature: float, top_p: float,
                  max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
                  as_json: bool) -> None:
@@ -303,7 +323,7 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
     from rstar_env.config import ConfigError, load_config
     from rstar_env.data import DataError, load_dataset
     from rstar_env.plugins import PluginError
-    from rstar_env.rollout.evaluate import evaluate
+    from rstar_env.rollout.evaluate import EvalResumeError, evaluate, model_identity
     from rstar_env.rollout.metrics import format_summary_rows
     from rstar_env.rollout.policy import SamplingParams
     from rstar_env.vector import MathToolVectorEnv
@@ -331,6 +351,8 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
     if policy.tokenizer is not None:  # token-level truth: the env encodes prompt and feedback with the policy's
         for sub in env.envs:
             sub.tokenizer = policy.tokenizer
+    identity = model_identity(model, served_model=served_model or model, endpoints=[s.url for s in specs])
+    out = out or _default_eval_out(identity)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=console,
                   disable=as_json and not sys.stderr.isatty()) as progress:
@@ -349,22 +371,27 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
 
         async def run() -> dict[str, Any]:
             try:
-                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done)
+                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done,
+                                      model=identity)
             finally:
                 await policy.aclose()
                 await env.aclose()
 
-        summary = aio.run_sync(run())
+        try:
+            summary = aio.run_sync(run())
+        except EvalResumeError as exc:
+            _fail(str(exc))
         progress.update(task, completed=total)
     tps = getattr(policy, "tokens_per_second", None)
     if tps:
         summary["policy_tokens_per_second"] = tps
     summary["trajectories_file"] = out
+    summary["model"] = identity
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        where = model or ", ".join(spec.url for spec in specs) or "smollm2"
-        table = Table(title=f"eval: {where} on {cfg.dataset.source}")
+        where = identity["model"] + (f" at {identity['endpoint']}" if "endpoint" in identity else "")
+        table = Table(title=f"eval: {where} on {cfg.dataset.source}", caption=f"trajectories: {out}")
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in format_summary_rows(summary):
@@ -382,6 +409,14 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
         sys.exit(1)
 
 
+def _default_eval_out(identity: dict[str, str]) -> str:
+    """``runs/eval/NAME[-HASH].jsonl``: one file per model (and weights), so runs of two models never meet."""
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", identity["model"]).strip("-.")[-60:] or "model"
+    return f"runs/eval/{name}" + (f"-{identity['hash'][:8]}" if "hash" in identity else "") + ".jsonl"
+
+
 # -- chat ----------------------------------------------------------------------------------------------------------
 @main.command()
 @click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
@@ -395,50 +430,63 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
 def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None, config: str | None,
          temperature: float, max_new_tokens: int, max_turns: int, gold: str | None) -> None:
     """Chat with a model that can run Python: each question is an episode; tool calls and their results are shown
-    as they happen. Type a question (empty line or Ctrl-D quits)."""
+    as they happen. Type a question (empty line or Ctrl-D quits). Without --answer the episodes are unscored."""
+    from rich.markup import escape
+
     from rstar_env import aio
     from rstar_env.config import ConfigError, load_config
     from rstar_env.env import MathToolEnv
+    from rstar_env.format import extract_answer
     from rstar_env.plugins import PluginError
     from rstar_env.rollout.collect import context_ids
     from rstar_env.rollout.policy import Request, SamplingParams
 
+    out = Console(highlight=False)  # the conversation is the command's output: stdout
     try:
         cfg = load_config(config)
+        if gold is None:  # a question typed in a chat has no gold answer: run it unscored, not as a data error
+            cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"allow_unscored": True})})
         env = MathToolEnv(config=cfg, max_turns=max_turns)
     except (ConfigError, PluginError) as exc:
         _fail(str(exc))
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     specs = _endpoint_specs(cfg, endpoints, (), None)
-    policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
+    with out.status("loading the model...", spinner="dots"):
+        policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
     env.tokenizer = policy.tokenizer
+    hidden = _chat_markers(env, policy.tokenizer)
 
     async def episode(question: str) -> None:
-        await env.areset(options={"problem": question, "answer": gold or ""})
+        await env.areset(options={"problem": question, "answer": gold})
         key = uuid.uuid4().hex  # one key per episode: several engines keep its turns on one (prefix cache)
         while True:
             trajectory = env.trajectory
             assert trajectory is not None
             ids = context_ids(trajectory) if policy.tokenizer is not None else None
-            (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
-            console.rule("[bold cyan]assistant")
-            console.print(generation.text, markup=False, highlight=False)
-            _, reward, terminated, truncated, info = await env.astep(
-                generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
-            )
+            with out.status("the model is writing...", spinner="dots"):
+                (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
+            out.rule("[bold cyan]assistant")
+            out.print(hidden.sub("", generation.text).strip(), markup=False)
+            with out.status("running tools...", spinner="dots"):
+                _, reward, terminated, truncated, info = await env.astep(
+                    generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
+                )
             for call in info["trajectory"].turns[-1].tool_calls:
                 style = "red" if call.error else "green"
-                console.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
-                console.print(call.result.text, markup=False, highlight=False)
+                out.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
+                out.print(call.result.text, markup=False)
             if terminated or truncated:
                 final = info["trajectory"]
-                scored = f"  reward {reward} against {gold!r}" if gold is not None else ""
-                console.print(f"[dim]episode over: {final.end_reason}; answer {final.final_answer!r}{scored}[/]")
+                said = final.final_answer
+                if said is None and final.turns:  # unscored: no verifier ran, so read the answer format here
+                    said = extract_answer(final.turns[-1].action)
+                scored = f"  reward {reward} against {gold!r}" if gold is not None else "  (unscored: no --answer)"
+                out.print(f"[dim]episode over: {final.end_reason}; answer {escape(repr(said))}{escape(scored)}[/]")
                 return
 
     try:
         while True:
-            console.print("[bold]you>[/] ", end="")
+            out.print("[bold]you>[/] ", end="")
             question = sys.stdin.readline()
             if not question.strip():
                 return
@@ -446,6 +494,17 @@ def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None
     finally:
         aio.run_sync(policy.aclose())
         env.close()
+
+
+def _chat_markers(env: Any, tokenizer: Any) -> Any:
+    """A pattern matching the chat template's control markers (``<|im_end|>``, any ``<|name|>``) and the
+    tokenizer's special tokens: the model's raw turn end is protocol, not something to show a person."""
+    import re
+
+    markers = {*env.chat_format.control_markers, *(getattr(tokenizer, "all_special_tokens", None) or [])}
+    markers = {m for m in markers if isinstance(m, str) and m.strip() and m.startswith("<")}
+    alternatives = [re.escape(m) for m in sorted(markers, key=len, reverse=True)] + [r"<\|[^|<>\s]{1,40}\|>"]
+    return re.compile("|".join(alternatives))
 
 
 # -- training ----------------------------------------------------------------------------------------------------
@@ -493,17 +552,31 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
         import shutil
 
         shutil.rmtree(out, ignore_errors=True)
+    from rstar_trainers.local.progress import (
+        RL_COLUMNS,
+        RL_LEGEND,
+        SFT_COLUMNS,
+        RunProgress,
+        held_out_line,
+        peak_memory_gib,
+        summary_lines,
+        table_header,
+        table_row,
+    )
+
+    started = time.monotonic()
+    sft_model: str | None = None
     if sft is not None:
-        sft_columns = ("step", "loss", "grad_norm", "lr", "time/step_s")
         console.print("[bold]SFT stage[/] -> " + sft.output_dir)
-        if settings is None:
-            console.print("  ".join(f"{c.split('/')[-1]:>12}" for c in sft_columns))
         try:
             if settings is None:
-                model_dir, report = run_sft_stage(
-                    run, sft, max_steps=max_steps,
-                    on_step=lambda m: console.print("  ".join(f"{m.get(c, 0):>12.4g}" for c in sft_columns)))
-            else:  # SFT before RL: in a child process, so RL never holds the SFT stage's memory
+                with RunProgress(console) as progress:
+                    for line in table_header(SFT_COLUMNS):
+                        progress.print(line)
+                    model_dir, report = run_sft_stage(
+                        run, sft, max_steps=max_steps, on_progress=progress.update,
+                        on_step=lambda m: progress.print(table_row(SFT_COLUMNS, m)))
+            else:  # SFT before RL: in a child process (it shows its own progress), so RL never holds its memory
                 model_dir, report = run_sft_stage_isolated(run, sft)
         except (ConfigError, DataError) as exc:
             _fail(str(exc))
@@ -511,42 +584,71 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
             console.print("[yellow]interrupted: SFT checkpoint saved[/]")
             raise SystemExit(130) from None
         if report:
-            console.print("SFT held-out: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+            console.print(held_out_line("SFT held-out", report), markup=False, highlight=False, soft_wrap=True)
         if settings is None:
-            console.print(f"done: SFT model in {model_dir}; metrics in {sft.output_dir}/metrics.jsonl "
-                          f"(rstar-env plot {sft.output_dir})")
+            if model_dir is None:
+                console.print(f"SFT stage not finished yet (rerun to continue); checkpoints in {sft.output_dir}")
+                return
+            eval_path = Path(sft.output_dir) / "eval.json"
+            for line in summary_lines(model=str(model_dir), run_dir=sft.output_dir, eval_before=None,
+                                      eval_after=report or None,
+                                      eval_path=str(eval_path) if eval_path.exists() else None,
+                                      seconds=time.monotonic() - started, peak_gib=peak_memory_gib(),
+                                      steps=_last_step(Path(sft.output_dir))):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         if model_dir is None:
             _fail(f"the SFT stage has not finished (rerun to continue it); its checkpoints are in {sft.output_dir}")
+        sft_model = str(model_dir)
         settings = settings.model_copy(update={"model": str(model_dir)})
         console.print("[bold]RL stage[/] from " + str(model_dir))
     assert settings is not None
-    trainer = LocalTrainer(run, settings)
-    if trainer.step:
-        console.print(f"resuming {settings.output_dir} at step {trainer.step}")
-    columns = ("step", "reward", "accuracy", "tool_calls_per_trajectory", "tool_error_ratio_correct", "groups_kept",
-               "loss", "time/step_s")
-    table_header = "  ".join(f"{c.split('/')[-1][:12]:>12}" for c in columns)
-    console.print(table_header)
-
-    def show(metrics: dict[str, Any]) -> None:
-        console.print("  ".join(f"{metrics.get(c, 0):>12.4g}" for c in columns))
 
     def held_out(name: str, report: dict[str, float]) -> None:
-        label = "held-out before RL" if name == "eval_start" else "held-out after RL"
-        console.print(f"{label}: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+        progress.print(held_out_line("held-out before RL" if name == "eval_start" else "held-out after RL", report))
+
+    with RunProgress(console) as progress:
+        try:
+            trainer = LocalTrainer(run, settings, on_progress=progress.update)
+        except (ConfigError, DataError) as exc:
+            _fail(str(exc))
+        if trainer.step:
+            progress.print(f"resuming {settings.output_dir} at step {trainer.step}")
+        for line in (*table_header(RL_COLUMNS), RL_LEGEND):
+            progress.print(line)
+        try:
+            trainer.train(max_steps=max_steps, on_step=lambda m: progress.print(table_row(RL_COLUMNS, m)),
+                          on_eval=held_out, on_progress=progress.update)
+        except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
+            raise SystemExit(130) from None
+        finally:
+            trainer.close()
+    root = Path(settings.output_dir)
+    model_path = root / "model"
+    for line in summary_lines(
+        model=str(model_path) if (model_path / "config.json").exists() and trainer.step >= settings.steps else None,
+        run_dir=settings.output_dir, eval_before=_read_json(root / "eval_start.json"),
+        eval_after=_read_json(root / "eval.json"),
+        eval_path=str(root / "eval.json") if (root / "eval.json").exists() else None,
+        seconds=time.monotonic() - started, peak_gib=peak_memory_gib(), steps=trainer.step, sft_model=sft_model,
+    ):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _last_step(run_dir: Path) -> int:
+    from rstar_trainers.local.logging import read_metrics
 
     try:
-        trainer.train(max_steps=max_steps, on_step=show, on_eval=held_out)
-    except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback needed
-        _fail(str(exc))
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
-        raise SystemExit(130) from None
-    finally:
-        trainer.close()
-    console.print(f"done: step {trainer.step}; metrics in {settings.output_dir}/metrics.jsonl "
-                  f"(rstar-env plot {settings.output_dir})")
+        return max((int(r.get("step", 0)) for r in read_metrics(run_dir)), default=0)
+    except FileNotFoundError:
+        return 0
 
 
 @main.command()

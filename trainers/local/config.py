@@ -14,6 +14,13 @@ from rstar_trainers.hyperparams import RLHyperparameters
 _DISTRIBUTED_SFT_KEYS = ("num_nodes", "gpus_per_node", "hostfile", "deepspeed", "extra_args")
 
 
+KeepCheckpoints = Literal["last", "none", "all"] | PositiveInt
+"""Which checkpoints (``output_dir/checkpoints``; model, optimizer, generators: about three times the model's size)
+a local trainer keeps. ``last``: the newest only, also once the run has finished. ``none``: the newest while the run
+goes on (an interrupted run resumes), all of them removed once it has finished and saved its final model (that
+model stays; the run cannot be continued). ``all``: every one. ``N``: the newest N."""
+
+
 class LocalSFTConfig(BaseModel):
     """Supervised fine-tuning on one machine: the OpenRLHF SFT section's schema (``configs/sft.yaml``), run locally.
 
@@ -56,7 +63,9 @@ class LocalSFTConfig(BaseModel):
 
     save_steps: int = -1
     """Checkpoint every N steps (-1: only at the end and on Ctrl-C)."""
-    keep_checkpoints: PositiveInt = 2
+    keep_checkpoints: KeepCheckpoints = "none"
+    """``none`` (default), ``last``, ``all`` or a count (see :data:`KeepCheckpoints`). A finished SFT stage is never
+    resumed (a rerun finds ``done.json`` and its model), so by default its checkpoints go once it has finished."""
     save_hf: bool = True
     """Save the final weights under ``output_dir/model`` (what the RL stage starts from)."""
     tensorboard: bool = True
@@ -126,7 +135,9 @@ class LocalTrainerConfig(RLHyperparameters):
 
     save_every: int = Field(0, ge=0)
     """Checkpoint every N steps (0: only at the end and on Ctrl-C)."""
-    keep_checkpoints: PositiveInt = 2
+    keep_checkpoints: KeepCheckpoints = "last"
+    """``last`` (default), ``none``, ``all`` or a count (see :data:`KeepCheckpoints`). ``last`` keeps what resuming
+    needs, also after the run has finished: raising ``steps`` continues it."""
     tensorboard: bool = True
     wandb_project: str | None = None
     save_trajectories: bool = True

@@ -34,7 +34,7 @@ import torch
 from rstar_env.config import RunConfig, load_config
 from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
-from rstar_env.rollout.collect import collect, jobs_for, trajectory_tokens
+from rstar_env.rollout.collect import jobs_for, trajectory_tokens
 from rstar_env.rollout.dispatch import DispatchPolicy, EngineSpec, engine_stats_metrics
 from rstar_env.rollout.local import TransformersPolicy, load_model
 from rstar_env.rollout.metrics import summarize
@@ -45,14 +45,16 @@ from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.checkpoint import (
     peak_rss_gib,
     read_checkpoint,
+    refuse_finished_run,
     release_memory,
+    remove_checkpoints,
     restore_training_state,
     save_pretrained,
     training_state,
     write_checkpoint,
 )
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
-from rstar_trainers.local.heldout import evaluate_model, record_held_out
+from rstar_trainers.local.heldout import collect_reporting, evaluate_model, record_held_out
 from rstar_trainers.local.logging import MetricsLogger, truncate_jsonl
 from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, masked_token_logprobs
 
@@ -97,13 +99,21 @@ class LocalTrainer:
         *,
         resume: bool = True,
         model_and_tokenizer: tuple[Any, Any] | None = None,
+        on_progress: Callable[[str, int, int, str], None] | None = None,
     ) -> None:
         """``model_and_tokenizer``: weights to train instead of loading ``settings.model`` (the trainer owns them
-        from then on)."""
+        from then on); ``on_progress``: see :attr:`on_progress` (here also the model's loading)."""
         self.run = run
         self.cfg = settings
         self.out = Path(settings.output_dir)
+        self.on_progress: Callable[[str, int, int, str], None] | None = on_progress
+        """``(key, done, total, description)`` as rollouts, updates and held-out episodes finish (progress)."""
+        loading = self._reporter("model", f"loading {settings.model}") if model_and_tokenizer is None else None
+        if loading is not None:
+            loading(0, 1)
         self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
+        if loading is not None:
+            loading(1, 1)
         self.model.train()
         self.reference = None
         if settings.kl_coef > 0:
@@ -144,9 +154,13 @@ class LocalTrainer:
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              on_eval: Callable[[str, dict[str, float]], None] | None = None) -> None:
+              on_eval: Callable[[str, dict[str, float]], None] | None = None,
+              on_progress: Callable[[str, int, int, str], None] | None = None) -> None:
         """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises.
-        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written."""
+        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written;
+        ``on_progress`` (see :attr:`on_progress`) the progress within steps and held-out evaluations."""
+        if on_progress is not None:
+            self.on_progress = on_progress
         target = self.cfg.steps if max_steps is None else min(self.cfg.steps, self.step + max_steps)
         if self.cfg.eval_at_start and self.step == 0:
             self._held_out("eval_start", on_eval)
@@ -166,7 +180,9 @@ class LocalTrainer:
         if self.step >= self.cfg.steps:
             self._held_out("eval", on_eval)
             if self.cfg.save_model:
-                self.save_model()
+                model = self.save_model()
+                if self.cfg.keep_checkpoints == "none":  # the final model stays; nothing is left to resume
+                    remove_checkpoints(self.checkpoint_dir, self.step, model)
 
     def _held_out(self, name: str, on_eval: Callable[[str, dict[str, float]], None] | None) -> None:
         if self.cfg.eval_dataset:
@@ -182,8 +198,14 @@ class LocalTrainer:
                                    temperature=self.cfg.temperature if self.cfg.eval_temperature is None
                                    else self.cfg.eval_temperature, seed=self.cfg.seed + 10_000,
                                    width=self.cfg.rollout_width, batch_size=self.cfg.generation_batch_size,
-                                   device=self.cfg.device)
+                                   device=self.cfg.device, on_done=self._reporter("held-out", "held-out episodes"))
         return report
+
+    def _reporter(self, key: str, description: str) -> Callable[[int, int], None] | None:
+        report = self.on_progress
+        if report is None:
+            return None
+        return lambda done, total: report(key, done, total, description)
 
     def train_step(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -192,7 +214,8 @@ class LocalTrainer:
         gen_before = self.policy.seconds_generating
         self.model.eval()
         engines_before = self.rollout_policy.stats()
-        trajectories = asyncio.run(collect(self.rollout_policy, jobs, env=self.env))
+        trajectories = asyncio.run(collect_reporting(
+            self.rollout_policy, jobs, self.env, self._reporter("rollout", f"step {self.step + 1}: rollouts")))
         rollout_s = time.perf_counter() - started
         generation_s = self.policy.seconds_generating - gen_before
 
@@ -202,7 +225,12 @@ class LocalTrainer:
         samples, selection = self.select(list(groups.values()))
 
         train_started = time.perf_counter()
+        updating = self._reporter("update", f"step {self.step + 1}: updating the weights")
+        if updating is not None:
+            updating(0, 1)
         update = self.update(samples) if samples else {"loss": 0.0, "grad_norm": 0.0, "skipped_update": 1.0}
+        if updating is not None:
+            updating(1, 1)
         train_s = time.perf_counter() - train_started
         release_memory()
         self.step += 1
@@ -345,6 +373,7 @@ class LocalTrainer:
         """Load the latest checkpoint under ``output_dir``, if any."""
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
+            refuse_finished_run(self.out, self.checkpoint_dir)
             return False
         self.step, cursor = restore_training_state(state, self.model, self.optimizer)
         self.cursor = DataCursor(*cursor)
