@@ -193,3 +193,102 @@ def test_smollm2_multi_turn_python_tool_runs_repeat(smollm2):
     assert any(c.result.text.strip().isdigit() for t in first for c in t.turns[0].tool_calls)  # the tool ran
     assert _signature(run(batch_size=1, width=2)) == _signature(first)
 
+
+# -- paired arms in the trainer and `compare` ---------------------------------------------------------------------
+class ParityReward:
+    """Reward 1 when the response has an even number of characters: mixed groups from a random model."""
+
+    name: ClassVar[str] = "parity_test"
+
+    async def score(self, response: str, answer: str) -> Any:
+        from rstar_env.trajectory import RewardResult
+
+        return RewardResult(float(len(response) % 2 == 0), None, "parity")
+
+
+@pytest.fixture
+def parity_reward():
+    register(ParityReward)
+    yield
+    unregister(ParityReward)
+
+
+def tiny_run(tmp_path: Any, reward: str = "parity_test", **trainer: Any) -> Any:
+    import json
+
+    from rstar_env.config import load_config
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {n} + 2?", "answer": str(n + 2), "id": f"r{n}"}) + "\n"
+                            for n in range(4)))
+    return load_config({
+        "env": {"max_turns": 1}, "tools": [], "reward": reward, "sampler": "roc", "dataset": str(data),
+        "trainer": {"output_dir": str(tmp_path / "run"), "steps": 2, "prompts_per_step": 2, "group_size": 4,
+                    "oversample": 2, "lr": 1e-3, "max_new_tokens": 9, "max_response_tokens": 10, "seed": 0,
+                    "tensorboard": False, "save_model": False, "logprob_gap": True, **trainer},
+    })
+
+
+def test_paired_compare_reports_differences_with_an_interval(tmp_path, tiny, parity_reward):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("scipy")
+    import json
+
+    from rstar_trainers.local.compare import run_compare
+    from rstar_trainers.local.config import trainer_config
+
+    run = tiny_run(tmp_path)
+    summary = run_compare(run, trainer_config(run), out=tmp_path / "cmp", model="unused", seeds=[0, 1], steps=2,
+                          model_and_tokenizer=tiny)
+    # Common random numbers: both arms drew the same step-1 rollouts, token for token.
+    assert summary["paired_step1"] == {"0": True, "1": True}
+    first = {arm: json.loads((tmp_path / "cmp" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()[0])
+             for arm in ("grpo", "roc")}
+    assert first["grpo"]["reward"] == first["roc"]["reward"]
+    # The updates differ (different samplers), so step 2's rollouts do too, but not their streams.
+    paired = summary["paired"]["reward"]["all_steps"]
+    assert set(paired["per_seed"]) == {"0", "1"}
+    low, high = paired["ci95"]
+    assert low <= paired["mean"] <= high
+    # float32: the sampler's log-probs are a teacher-forced pass's to rounding.
+    assert first["roc"]["logprob_gap/mean_abs"] < 1e-4 and first["roc"]["logprob_gap/outside_clip"] == 0.0
+    text = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "Paired difference RoC - GRPO" in text and "95% CI" in text
+    csv = (tmp_path / "cmp" / "per_step.csv").read_text().splitlines()
+    assert csv[0].startswith("seed,step,arm,tool_error_ratio_correct") and len(csv) == 1 + 2 * 2 * 2
+    assert (tmp_path / "cmp" / "roc_check.json").exists() and (tmp_path / "cmp" / "compare.png").exists()
+
+
+def test_t_interval_matches_the_textbook():
+    from rstar_trainers.local.compare import t_interval
+
+    mean, low, high = t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and mean - low == pytest.approx(high - mean)
+    assert high - mean == pytest.approx(4.302653 * 1.0 / 3**0.5, rel=1e-5)  # t(0.975, 2) * s / sqrt(n)
+    assert t_interval([0.5])[1] != t_interval([0.5])[1]  # one seed: no interval (NaN)
+
+
+def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, tiny):
+    """``jobs=2``: the arms train in spawned processes (from a model directory) with the same results."""
+    import json
+
+    from rstar_trainers.local.compare import run_compare
+    from rstar_trainers.local.config import trainer_config
+
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    run = tiny_run(tmp_path, reward="math", logprob_gap=False)  # an installed plugin: the children load it too
+    settings = trainer_config(run, steps=1, prompts_per_step=1)
+    results = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        seen = []
+        run_compare(run, settings, out=out, model=str(tmp_path / "model"), seeds=[3], steps=1, jobs=jobs,
+                    on_step=lambda arm, seed, m, seen=seen: seen.append((arm, seed, m["step"])))
+        assert sorted(seen) == [("grpo", 3, 1), ("roc", 3, 1)]
+        results[jobs] = {arm: json.loads((out / f"{arm}-seed3" / "metrics.jsonl").read_text().splitlines()[0])
+                         for arm in ("grpo", "roc")}
+        assert json.loads((out / "compare.json").read_text())["paired_step1"] == {"3": True}
+    for arm in ("grpo", "roc"):
+        assert results[1][arm]["response_tokens"] == results[2][arm]["response_tokens"]

@@ -56,11 +56,12 @@ def evaluate_model(
     width: int = 32,
     batch_size: int = 32,
     device: str = "cpu",
+    dtype: str = "float32",
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Roll ``model`` out on ``rows`` in ``run``'s env (its tools, reward, turns) and summarise tool use; the model
     is put in eval mode and left there."""
     model.eval()
-    policy = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, device=device,
+    policy = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, device=device, dtype=dtype,
                                 sampling=SamplingParams(temperature, 1.0, max_new_tokens, seed))
     jobs = jobs_for(rows, samples)
     env = MathToolVectorEnv(min(width, len(jobs)), config=run, tokenizer=tokenizer, max_length=max_response_tokens,
