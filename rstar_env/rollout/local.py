@@ -303,9 +303,10 @@ class TransformersPolicy:
                 step_pos = step_pos + 1
                 mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], dim=1)
                 out = self.model(
-                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, cache=past, use_cache=True
+                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, use_cache=True,
+                    **_cache_kwarg(self.model, past),
                 )
-                past = out.cache
+                past = _cache_of(out)
                 logits = out.logits[:, -1, :].float()
 
     def _prefill(self, contexts: list[tuple[int, ...]]) -> tuple[Any, Any, Any, Any]:
@@ -334,7 +335,7 @@ class TransformersPolicy:
         mask = rest_mask
         if shared:
             head = torch.tensor([contexts[0][:shared]], dtype=torch.long, device=self.device)
-            past = self.model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+            past = _cache_of(self.model(input_ids=head, use_cache=True, logits_to_keep=1))
             past.reorder_cache(torch.zeros(len(contexts), dtype=torch.long, device=self.device))
             mask = torch.cat([torch.ones((len(contexts), shared), dtype=torch.long, device=self.device), rest_mask], 1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
@@ -343,8 +344,9 @@ class TransformersPolicy:
         for lo in range(0, width, _PREFILL_CHUNK):
             hi = min(lo + _PREFILL_CHUNK, width)
             out = self.model(input_ids=ids[:, lo:hi], attention_mask=mask[:, : shared + hi],
-                             position_ids=positions[:, lo:hi], cache=past, use_cache=True, logits_to_keep=1)
-            past = out.cache
+                             position_ids=positions[:, lo:hi], use_cache=True, logits_to_keep=1,
+                             **_cache_kwarg(self.model, past))
+            past = _cache_of(out)
         return past, mask, positions, out.logits[:, -1, :].float()
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
@@ -365,6 +367,27 @@ _PREFILL_CHUNK = 256
 """Columns prefilled per forward pass."""
 _MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are prefilled with the rest: a separate pass would cost more than it saves."""
+
+
+def _cache_kwarg(model: Any, cache: Any) -> dict[str, Any]:
+    """The KV cache as the model's forward takes it: ``cache=`` (transformers >= 5.2x), else ``past_key_values=``
+    (the older name, which newer versions still take but deprecate)."""
+    key = _CACHE_ARG.get(type(model))
+    if key is None:
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        key = _CACHE_ARG[type(model)] = "cache" if "cache" in params else "past_key_values"
+    return {key: cache}
+
+
+def _cache_of(output: Any) -> Any:
+    """The KV cache a forward returned, under its current name or the older one (read without a deprecation)."""
+    fields = getattr(output, "__dataclass_fields__", {})
+    return output.cache if "cache" in fields else output.past_key_values
+
+
+_CACHE_ARG: dict[type, str] = {}
 
 
 def _common_prefix_length(contexts: Sequence[Sequence[int]]) -> int:

@@ -495,7 +495,10 @@ def _enable_checkpointing(model: Any) -> None:
     """Gradient checkpointing for training forward passes; generation (``use_cache``) is unaffected because
     transformers only checkpoints in training mode."""
     if getattr(model, "supports_gradient_checkpointing", False):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _seed_everything(seed: int) -> None:
