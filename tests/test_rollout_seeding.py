@@ -241,7 +241,7 @@ def test_paired_compare_reports_differences_with_an_interval(tmp_path, tiny, par
     summary = run_compare(run, trainer_config(run), out=tmp_path / "cmp", model="unused", seeds=[0, 1], steps=2,
                           model_and_tokenizer=tiny)
     # Common random numbers: both arms drew the same step-1 rollouts, token for token.
-    assert summary["paired_step1"] == {"0": True, "1": True}
+    assert summary["paired_step1"] == {"0": {"identical": 16, "of": 16}, "1": {"identical": 16, "of": 16}}
     first = {arm: json.loads((tmp_path / "cmp" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()[0])
              for arm in ("grpo", "roc")}
     assert first["grpo"]["reward"] == first["roc"]["reward"]
@@ -289,6 +289,6 @@ def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, ti
         assert sorted(seen) == [("grpo", 3, 1), ("roc", 3, 1)]
         results[jobs] = {arm: json.loads((out / f"{arm}-seed3" / "metrics.jsonl").read_text().splitlines()[0])
                          for arm in ("grpo", "roc")}
-        assert json.loads((out / "compare.json").read_text())["paired_step1"] == {"3": True}
+        assert json.loads((out / "compare.json").read_text())["paired_step1"] == {"3": {"identical": 8, "of": 8}}
     for arm in ("grpo", "roc"):
         assert results[1][arm]["response_tokens"] == results[2][arm]["response_tokens"]

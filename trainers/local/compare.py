@@ -196,22 +196,26 @@ def paired_differences(runs: dict[str, dict[int, list[dict[str, Any]]]], seeds: 
     return out
 
 
-def step1_paired(root: Path, seeds: Sequence[int]) -> dict[str, bool | None]:
-    """Per seed: did both arms draw the very same step-1 rollouts (every action's token ids)? None when an arm
-    did not save them."""
-    result: dict[str, bool | None] = {}
+def step1_paired(root: Path, seeds: Sequence[int]) -> dict[str, dict[str, int] | None]:
+    """Per seed: how many step-1 rollouts both arms drew identically (every action's token ids), of how many.
+    All of them, on one machine in float32; a GPU may flip a rare draw (see docs/roc_experiment.md), and the
+    episode then differs from that token on. None when an arm did not save them."""
+    result: dict[str, dict[str, int] | None] = {}
     for seed in seeds:
-        ids = []
+        by_arm = []
         for arm in ARMS:
             path = arm_dir(root, arm, seed) / "trajectories.jsonl"
             if not path.exists():
-                ids.append(None)
+                by_arm.append(None)
                 continue
             rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            ids.append(sorted(json.dumps([r.get("id"), r["metadata"].get("sample"),
-                                          [t.get("action_token_ids") for t in r["turns"]]])
-                              for r in rows if r["metadata"].get("step") == 1))
-        result[str(seed)] = None if None in ids else ids[0] == ids[1]
+            by_arm.append({(r.get("id"), r["metadata"].get("sample")): [t.get("action_token_ids") for t in r["turns"]]
+                           for r in rows if r["metadata"].get("step") == 1})
+        if by_arm[0] is None or by_arm[1] is None:
+            result[str(seed)] = None
+            continue
+        a, b = by_arm
+        result[str(seed)] = {"identical": sum(1 for k in a if k in b and a[k] == b[k]), "of": max(len(a), len(b))}
     return result
 
 
@@ -312,7 +316,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
     pairing = summary.get("paired_step1")
     if pairing:
         lines += ["", "Step-1 rollouts identical in both arms: " + ", ".join(
-            f"seed {s}: {'yes' if v else 'NO' if v is False else 'not saved'}" for s, v in pairing.items())]
+            f"seed {s}: {v['identical']} of {v['of']}" if v else f"seed {s}: not saved" for s, v in pairing.items())]
     check = summary.get("roc_check")
     if check:
         lines += ["", "Sampler-only check on the step-1 rollouts (all seeds): selected positives' tool-error ratio "
