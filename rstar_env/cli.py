@@ -517,8 +517,13 @@ def _chat_markers(env: Any, tokenizer: Any) -> Any:
               help="Run a config written for another backend (e.g. a stage config) on this machine.")
 @click.option("--model", default=None, help="Override trainer.model.")
 @click.option("--seed", type=int, default=None, help="Override trainer.seed (RL, and an sft: stage's default seed).")
+@click.option("--device", default=None, help="Override trainer.device: cpu, cuda, cuda:N (SFT stage too).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Override trainer.dtype: compute precision of rollouts and training (weights stay float32).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override an RL trainer key (YAML value), e.g. --set steps=2; repeatable.")
 def train(config: str, max_steps: int | None, output_dir: str | None, fresh: bool, backend: str | None,
-          model: str | None, seed: int | None) -> None:
+          model: str | None, seed: int | None, device: str | None, dtype: str | None, sets: tuple[str, ...]) -> None:
     """Train on this machine (the `local` trainer): GRPO-RoC, an SFT stage (`trainer.stage: sft`), or both (an RL
     section with an `sft:` sub-section runs SFT first, then RL from its weights). Resumes from the output
     directory's checkpoints. Ctrl-C saves a checkpoint."""
@@ -535,17 +540,19 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
     try:
         run = load_config(config)
         if run.trainer.get("stage") == "sft":
-            sft = sft_config(run.trainer, output_dir=output_dir, model=model, seed=seed)
+            sft = sft_config(run.trainer, output_dir=output_dir, model=model, seed=seed, device=device)
             out, settings = Path(sft.output_dir), None
         else:
             settings = trainer_config(run, force_local=backend == "local", output_dir=output_dir, model=model,
-                                      seed=seed)
+                                      seed=seed, device=device, dtype=dtype, **_overrides(sets))
             out = Path(settings.output_dir)
             sft = None
             if settings.sft is not None:
                 sft = sft_config({"model": settings.model, "seed": settings.seed, "device": settings.device,
                                   "tensorboard": settings.tensorboard, **settings.sft,
-                                  "output_dir": str(out / "sft")})
+                                  "output_dir": str(out / "sft")}, device=device)
+        _check_device(device or (settings.device if settings is not None else sft.device if sft else "cpu"),
+                      dtype or (settings.dtype if settings is not None else "float32"))
     except ConfigError as exc:
         _fail(str(exc))
     if fresh:
@@ -610,7 +617,7 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
     with RunProgress(console) as progress:
         try:
             trainer = LocalTrainer(run, settings, on_progress=progress.update)
-        except (ConfigError, DataError) as exc:
+        except (ConfigError, DataError, ValueError) as exc:  # ValueError: a device or dtype this machine lacks
             _fail(str(exc))
         if trainer.step:
             progress.print(f"resuming {settings.output_dir} at step {trainer.step}")
@@ -661,10 +668,21 @@ def _last_step(run_dir: Path) -> int:
 @click.option("--sft-model", default=None,
               help="Start both arms from this model instead of the config's SFT stage (run, or found finished, "
                    "in OUTPUT_DIR/sft).")
-def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, sft_model: str | None) -> None:
-    """GRPO vs GRPO-RoC from the same SFT checkpoint, with the same seeds, data and steps. Plots, per step, the
-    tool-error ratio in correct trajectories before selection, the reward and the response length; writes both arms'
-    metrics, compare.png and compare.md. Reruns resume."""
+@click.option("--device", default=None, help="Override trainer.device: cpu, cuda, cuda:N (SFT stage too).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Override trainer.dtype (compute precision; weights stay float32).")
+@click.option("--jobs", type=int, default=1, show_default=True,
+              help="Arms trained at once, each in its own process (e.g. all 2 x seeds on one GPU).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a trainer key (YAML value), e.g. --set prompts_per_step=4; repeatable.")
+def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, sft_model: str | None,
+            device: str | None, dtype: str | None, jobs: int, sets: tuple[str, ...]) -> None:
+    """GRPO vs GRPO-RoC from the same SFT checkpoint, with the same seeds, data and steps, as paired arms: for
+    each seed both arms draw the same step-1 rollouts (per-request sampling streams) and differ only through the
+    sampler. Plots, per step, the tool-error ratio in correct trajectories before selection, the reward, the
+    response length and the per-seed difference; prints the per-seed differences RoC - GRPO with a 95%
+    t-interval over seeds; writes both arms' metrics, compare.png, compare.md, per_step.csv and the sampler-only
+    check of the step-1 rollouts (roc_check.json). Reruns resume."""
     from rstar_env.config import ConfigError, load_config
     from rstar_env.data import DataError
 
@@ -678,11 +696,12 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         _fail(f"--seeds takes comma-separated integers, got {seeds!r}")
-    if not seed_list or (steps is not None and steps < 1):
-        _fail("give at least one seed and --steps >= 1")
+    if not seed_list or (steps is not None and steps < 1) or jobs < 1:
+        _fail("give at least one seed, --steps >= 1 and --jobs >= 1")
     try:
         run = load_config(config)
-        settings = trainer_config(run)
+        settings = trainer_config(run, device=device, dtype=dtype, **_overrides(sets))
+        _check_device(settings.device, settings.dtype)
     except ConfigError as exc:
         _fail(str(exc))
     root = Path(settings.output_dir)
@@ -691,7 +710,8 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
         if settings.sft is None:
             _fail(f"{config} has no trainer.sft section: pass --sft-model PATH (the checkpoint both arms start from)")
         sft = sft_config({"model": settings.model, "seed": settings.seed, "device": settings.device,
-                          "tensorboard": settings.tensorboard, **settings.sft, "output_dir": str(root / "sft")})
+                          "tensorboard": settings.tensorboard, **settings.sft, "output_dir": str(root / "sft")},
+                         device=device)
         console.print(f"SFT stage in {sft.output_dir} (reused when finished)")
         try:
             model_dir, _ = run_sft_stage_isolated(run, sft)
@@ -708,15 +728,77 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
 
     try:
         summary = run_compare(run, settings, out=out, model=model, seeds=seed_list,
-                              steps=steps or settings.steps, on_step=show)
+                              steps=steps or settings.steps, on_step=show, jobs=jobs)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: each arm's checkpoint is saved; rerun to continue[/]")
         raise SystemExit(130) from None
     click.echo((out / "compare.md").read_text())
     roc = summary["arms"]["roc"]["tool_error_ratio_correct"]["mean_second_half"]
     grpo = summary["arms"]["grpo"]["tool_error_ratio_correct"]["mean_second_half"]
+    paired = summary["paired"]["tool_error_ratio_correct"]["second_half"]
+    low, high = paired["ci95"]
+    interval = "no interval with one seed" if low != low else f"95% CI [{low:+.4f}, {high:+.4f}] over seeds"
     click.echo(f"tool-error ratio in correct trajectories, second half: GRPO-RoC {roc:.3f} vs GRPO {grpo:.3f}; "
-               f"figure {out / 'compare.png'}")
+               f"paired difference RoC - GRPO {paired['mean']:+.4f} ({interval}); figure {out / 'compare.png'}")
+
+
+@main.command("roc-check")
+@click.argument("rollouts", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--keep", type=int, required=True, help="G: trajectories kept per group (trainer.group_size).")
+@click.option("--step", type=int, default=1, show_default=True, help="Which step's rollouts to read.")
+@click.option("--draws", type=int, default=500, show_default=True, help="Replays of each sampler (fresh rng each).")
+@click.option("--mode", type=click.Choice(["topk", "weighted"]), default="topk", show_default=True,
+              help="RoC's positive selection.")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the report as JSON.")
+def roc_check_command(rollouts: tuple[str, ...], keep: int, step: int, draws: int, mode: str,
+                      json_out: str | None) -> None:
+    """The sampler-only check: on recorded rollouts (run directories or trajectories.jsonl files, e.g. each arm
+    of `rstar-env compare`), the tool-error ratio of the positives GRPO-RoC would keep against GRPO's uniform
+    pick, over many draws. If RoC is not clearly below GRPO here, training from these weights cannot show its
+    effect."""
+    import json as _json
+
+    from rstar_trainers.local.roc_check import format_report, read_step_groups, roc_check
+
+    if keep < 1 or draws < 1:
+        _fail("--keep and --draws must be at least 1")
+    groups = []
+    try:
+        for path in rollouts:
+            groups += read_step_groups(path, step=step)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    report = roc_check(groups, keep, draws=draws, roc={"mode": mode})
+    click.echo(format_report(report))
+    if json_out:
+        Path(json_out).write_text(_json.dumps(report, indent=1))
+
+
+def _overrides(sets: tuple[str, ...]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as trainer overrides (values parsed as YAML: numbers, booleans, strings)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            _fail(f"--set takes KEY=VALUE (a trainer key), got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _check_device(device: str, dtype: str) -> None:
+    """Fail with a clear message, before any model loads, when torch cannot use ``device`` / ``dtype`` here."""
+    try:
+        from rstar_env.rollout.local import check_dtype
+        from rstar_trainers.local.trainer import check_device
+    except ImportError:
+        return  # the trainer's own import error says what to install
+    try:
+        check_device(device)
+        check_dtype(dtype, device)
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 @main.command()

@@ -112,6 +112,14 @@ class LocalTrainerConfig(RLHyperparameters):
     """An SFT stage run before RL, in ``output_dir/sft`` (keys of :class:`LocalSFTConfig`; ``model`` defaults to
     this section's): RL then starts from its weights. A rerun finds the finished stage and goes on."""
     device: str = "cpu"
+    """``cpu``, ``cuda`` or ``cuda:N`` (``rstar-env train/compare --device`` overrides it)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute precision of the rollout and training forward passes (autocast); weights and optimizer state stay
+    float32. ``bfloat16`` where the device has it (recent GPUs); set ``logprob_gap`` to see what it costs."""
+    logprob_gap: bool = False
+    """Each step, also run a teacher-forced pass on the kept trajectories and log how far the sampler's log-probs
+    are from it (``logprob_gap/mean_abs``, ``logprob_gap/outside_clip``: share of tokens whose ratio is outside
+    ``1 + clip_high``). Costs one more forward pass per step; only at temperature 1 without top-p."""
     output_dir: str = "runs/local"
     seed: int = 0
 
@@ -142,6 +150,9 @@ class LocalTrainerConfig(RLHyperparameters):
     wandb_project: str | None = None
     save_trajectories: bool = True
     """Append every step's trajectories to ``output_dir/trajectories.jsonl`` (input of ``rstar-env filter-hard``)."""
+    save_trajectories_steps: int = Field(0, ge=0)
+    """With ``save_trajectories``: 0 saves every step's; N only the first N steps' (``rstar-env roc-check`` reads
+    step 1's)."""
     eval_dataset: str | None = None
     """Held-out problems rolled out once each at the end: pass@1 under the run's reward, tool-call and answer-format
     shares, written to ``output_dir/eval.json``."""
