@@ -98,7 +98,7 @@ def test_eval_against_a_served_model_writes_trajectories(tmp_path):
 
 
 def test_eval_never_shows_another_models_episodes_and_honours_limit(tmp_path):
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"problem": f"{i} + 1?", "answer": str(i + 1), "id": f"q{i}"}) + "\n"
@@ -124,7 +124,7 @@ def test_eval_never_shows_another_models_episodes_and_honours_limit(tmp_path):
 
 
 def test_eval_default_out_is_one_file_per_model(tmp_path, monkeypatch):
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "rows.jsonl"
@@ -139,7 +139,7 @@ def test_eval_default_out_is_one_file_per_model(tmp_path, monkeypatch):
 
 
 def test_chat_without_an_answer_is_unscored_on_stdout_without_markers(tmp_path):
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     entries = [reply("Let me compute.<|im_end|>", [_served_tool_call("print(6 * 7)")]),
                reply("<answer>\\boxed{42}</answer><|im_end|>")]
