@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,7 @@ def run_tool(
     For ``python``, the code is read from standard input and the sandbox's ExecResult is printed:
     ``echo 'print(1+1)' | rstar-env run-tool python``.
     """
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.plugins import PluginError, load_tool
     from rstar_env.tool import EpisodeContext, validate_arguments
 
@@ -114,6 +115,8 @@ def run_tool(
         tool = load_tool(name, **options)
     except PluginError as exc:
         _fail(str(exc))
+    except Exception as exc:  # a tool's constructor (a plugin, or the sandbox it builds) refused its options
+        _fail(_one_line(f"{name}: could not build the tool", exc))
 
     async def run() -> dict[str, Any]:
         try:
@@ -137,7 +140,23 @@ def run_tool(
             if closer is not None:
                 await closer()
 
-    click.echo(json.dumps(_aio.run_sync(run()), indent=2, ensure_ascii=False))
+    try:
+        result = aio.run_sync(run())
+    except click.ClickException:
+        raise
+    except Exception as exc:  # the sandbox or the plugin failed (not the code it ran: that is a result, above)
+        _fail(_one_line(f"{name}: the call failed", exc))
+    click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+
+
+def _one_line(what: str, exc: BaseException) -> str:
+    """An error as one line, like every other command's; RSTAR_ENV_TRACEBACK=1 re-raises for the full story."""
+    import os
+
+    if os.environ.get("RSTAR_ENV_TRACEBACK"):
+        raise exc
+    text = " ".join(str(exc).split()) or "(no message)"
+    return f"{what}: {type(exc).__name__}: {text} (RSTAR_ENV_TRACEBACK=1 shows the traceback)"
 
 
 # -- episode -----------------------------------------------------------------------------------------------------
@@ -280,8 +299,9 @@ _CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (env, tools, reward, dataset).")
 @click.option("--samples", "-k", default=1, show_default=True, help="Samples per problem (pass@1 is their mean).")
 @click.option("--limit", type=int, default=None, help="Only the first N problems.")
-@click.option("--out", type=click.Path(dir_okay=False), default="runs/eval.jsonl", show_default=True,
-              help="Trajectories JSONL; a run resumes from what it already holds.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Trajectories JSONL; a run resumes from what it already holds of the same model (another "
+                   "model's file is refused) [default: runs/eval/MODEL.jsonl, one file per model and weights].")
 @click.option("--temperature", type=float, default=1.0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Per assistant turn.")
@@ -292,18 +312,18 @@ _CAPACITY_HELP = ("KV-cache tokens of each --endpoint (one value for all, or one
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tuple[int, ...],
                  engine_concurrency: int | None, served_model: str | None, dataset: str | None,
-                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str,
+                 native_tools: bool, config: str | None, samples: int, limit: int | None, out: str | None,
                  temperature: float, top_p: float,
                  max_new_tokens: int, max_turns: int | None, width: int, batch_size: int, seed: int,
                  as_json: bool) -> None:
     """Evaluate a model: pass@1 over k samples, pass@k, lengths, turns, tool use; trajectories to JSONL."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.config import ConfigError, load_config
     from rstar_env.data import DataError, load_dataset
     from rstar_env.plugins import PluginError
-    from rstar_env.rollout.evaluate import evaluate
+    from rstar_env.rollout.evaluate import EvalResumeError, evaluate, model_identity
     from rstar_env.rollout.metrics import format_summary_rows
     from rstar_env.rollout.policy import SamplingParams
     from rstar_env.vector import MathToolVectorEnv
@@ -331,6 +351,8 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
     if policy.tokenizer is not None:  # token-level truth: the env encodes prompt and feedback with the policy's
         for sub in env.envs:
             sub.tokenizer = policy.tokenizer
+    identity = model_identity(model, served_model=served_model or model, endpoints=[s.url for s in specs])
+    out = out or _default_eval_out(identity)
     with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                   TimeElapsedColumn(), console=console,
                   disable=as_json and not sys.stderr.isatty()) as progress:
@@ -349,22 +371,27 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
 
         async def run() -> dict[str, Any]:
             try:
-                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done)
+                return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done,
+                                      model=identity)
             finally:
                 await policy.aclose()
                 await env.aclose()
 
-        summary = _aio.run_sync(run())
+        try:
+            summary = aio.run_sync(run())
+        except EvalResumeError as exc:
+            _fail(str(exc))
         progress.update(task, completed=total)
     tps = getattr(policy, "tokens_per_second", None)
     if tps:
         summary["policy_tokens_per_second"] = tps
     summary["trajectories_file"] = out
+    summary["model"] = identity
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        where = model or ", ".join(spec.url for spec in specs) or "smollm2"
-        table = Table(title=f"eval: {where} on {cfg.dataset.source}")
+        where = identity["model"] + (f" at {identity['endpoint']}" if "endpoint" in identity else "")
+        table = Table(title=f"eval: {where} on {cfg.dataset.source}", caption=f"trajectories: {out}")
         table.add_column("metric")
         table.add_column("value", justify="right")
         for key, value in format_summary_rows(summary):
@@ -382,6 +409,14 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
         sys.exit(1)
 
 
+def _default_eval_out(identity: dict[str, str]) -> str:
+    """``runs/eval/NAME[-HASH].jsonl``: one file per model (and weights), so runs of two models never meet."""
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", identity["model"]).strip("-.")[-60:] or "model"
+    return f"runs/eval/{name}" + (f"-{identity['hash'][:8]}" if "hash" in identity else "") + ".jsonl"
+
+
 # -- chat ----------------------------------------------------------------------------------------------------------
 @main.command()
 @click.option("--model", default=None, help="Local model: 'smollm2' (default), a model directory or a .gguf file.")
@@ -395,57 +430,81 @@ def eval_command(model: str | None, endpoints: tuple[str, ...], capacities: tupl
 def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None, config: str | None,
          temperature: float, max_new_tokens: int, max_turns: int, gold: str | None) -> None:
     """Chat with a model that can run Python: each question is an episode; tool calls and their results are shown
-    as they happen. Type a question (empty line or Ctrl-D quits)."""
-    from rstar_env import _aio
+    as they happen. Type a question (empty line or Ctrl-D quits). Without --answer the episodes are unscored."""
+    from rich.markup import escape
+
+    from rstar_env import aio
     from rstar_env.config import ConfigError, load_config
     from rstar_env.env import MathToolEnv
+    from rstar_env.format import extract_answer
     from rstar_env.plugins import PluginError
     from rstar_env.rollout.collect import context_ids
     from rstar_env.rollout.policy import Request, SamplingParams
 
+    out = Console(highlight=False)  # the conversation is the command's output: stdout
     try:
         cfg = load_config(config)
+        if gold is None:  # a question typed in a chat has no gold answer: run it unscored, not as a data error
+            cfg = cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"allow_unscored": True})})
         env = MathToolEnv(config=cfg, max_turns=max_turns)
     except (ConfigError, PluginError) as exc:
         _fail(str(exc))
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     specs = _endpoint_specs(cfg, endpoints, (), None)
-    policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
+    with out.status("loading the model...", spinner="dots"):
+        policy = _build_policy(model, specs, served_model or cfg.inference.served_model, sampling, 1, env)
     env.tokenizer = policy.tokenizer
+    hidden = _chat_markers(env, policy.tokenizer)
 
     async def episode(question: str) -> None:
-        await env.areset(options={"problem": question, "answer": gold or ""})
+        await env.areset(options={"problem": question, "answer": gold})
         key = uuid.uuid4().hex  # one key per episode: several engines keep its turns on one (prefix cache)
         while True:
             trajectory = env.trajectory
             assert trajectory is not None
             ids = context_ids(trajectory) if policy.tokenizer is not None else None
-            (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
-            console.rule("[bold cyan]assistant")
-            console.print(generation.text, markup=False, highlight=False)
-            _, reward, terminated, truncated, info = await env.astep(
-                generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
-            )
+            with out.status("the model is writing...", spinner="dots"):
+                (generation,) = await policy.generate([Request(trajectory, ids, episode=key)])
+            out.rule("[bold cyan]assistant")
+            out.print(hidden.sub("", generation.text).strip(), markup=False)
+            with out.status("running tools...", spinner="dots"):
+                _, reward, terminated, truncated, info = await env.astep(
+                    generation.text, token_ids=generation.token_ids, logprobs=generation.logprobs
+                )
             for call in info["trajectory"].turns[-1].tool_calls:
                 style = "red" if call.error else "green"
-                console.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
-                console.print(call.result.text, markup=False, highlight=False)
+                out.rule(f"[{style}]tool {call.name or '?'}" + (f" ({call.error})" if call.error else ""))
+                out.print(call.result.text, markup=False)
             if terminated or truncated:
                 final = info["trajectory"]
-                scored = f"  reward {reward} against {gold!r}" if gold is not None else ""
-                console.print(f"[dim]episode over: {final.end_reason}; answer {final.final_answer!r}{scored}[/]")
+                said = final.final_answer
+                if said is None and final.turns:  # unscored: no verifier ran, so read the answer format here
+                    said = extract_answer(final.turns[-1].action)
+                scored = f"  reward {reward} against {gold!r}" if gold is not None else "  (unscored: no --answer)"
+                out.print(f"[dim]episode over: {final.end_reason}; answer {escape(repr(said))}{escape(scored)}[/]")
                 return
 
     try:
         while True:
-            console.print("[bold]you>[/] ", end="")
+            out.print("[bold]you>[/] ", end="")
             question = sys.stdin.readline()
             if not question.strip():
                 return
-            _aio.run_sync(episode(question.strip()))
+            aio.run_sync(episode(question.strip()))
     finally:
-        _aio.run_sync(policy.aclose())
+        aio.run_sync(policy.aclose())
         env.close()
+
+
+def _chat_markers(env: Any, tokenizer: Any) -> Any:
+    """A pattern matching the chat template's control markers (``<|im_end|>``, any ``<|name|>``) and the
+    tokenizer's special tokens: the model's raw turn end is protocol, not something to show a person."""
+    import re
+
+    markers = {*env.chat_format.control_markers, *(getattr(tokenizer, "all_special_tokens", None) or [])}
+    markers = {m for m in markers if isinstance(m, str) and m.strip() and m.startswith("<")}
+    alternatives = [re.escape(m) for m in sorted(markers, key=len, reverse=True)] + [r"<\|[^|<>\s]{1,40}\|>"]
+    return re.compile("|".join(alternatives))
 
 
 # -- training ----------------------------------------------------------------------------------------------------
@@ -458,8 +517,13 @@ def chat(model: str | None, endpoints: tuple[str, ...], served_model: str | None
               help="Run a config written for another backend (e.g. a stage config) on this machine.")
 @click.option("--model", default=None, help="Override trainer.model.")
 @click.option("--seed", type=int, default=None, help="Override trainer.seed (RL, and an sft: stage's default seed).")
+@click.option("--device", default=None, help="Override trainer.device: cpu, cuda, cuda:N (SFT stage too).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Override trainer.dtype: compute precision of rollouts and training (weights stay float32).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override an RL trainer key (YAML value), e.g. --set steps=2; repeatable.")
 def train(config: str, max_steps: int | None, output_dir: str | None, fresh: bool, backend: str | None,
-          model: str | None, seed: int | None) -> None:
+          model: str | None, seed: int | None, device: str | None, dtype: str | None, sets: tuple[str, ...]) -> None:
     """Train on this machine (the `local` trainer): GRPO-RoC, an SFT stage (`trainer.stage: sft`), or both (an RL
     section with an `sft:` sub-section runs SFT first, then RL from its weights). Resumes from the output
     directory's checkpoints. Ctrl-C saves a checkpoint."""
@@ -476,34 +540,50 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
     try:
         run = load_config(config)
         if run.trainer.get("stage") == "sft":
-            sft = sft_config(run.trainer, output_dir=output_dir, model=model, seed=seed)
+            sft = sft_config(run.trainer, output_dir=output_dir, model=model, seed=seed, device=device)
             out, settings = Path(sft.output_dir), None
         else:
             settings = trainer_config(run, force_local=backend == "local", output_dir=output_dir, model=model,
-                                      seed=seed)
+                                      seed=seed, device=device, dtype=dtype, **_overrides(sets))
             out = Path(settings.output_dir)
             sft = None
             if settings.sft is not None:
                 sft = sft_config({"model": settings.model, "seed": settings.seed, "device": settings.device,
                                   "tensorboard": settings.tensorboard, **settings.sft,
-                                  "output_dir": str(out / "sft")})
+                                  "output_dir": str(out / "sft")}, device=device)
+        _check_device(device or (settings.device if settings is not None else sft.device if sft else "cpu"),
+                      dtype or (settings.dtype if settings is not None else "float32"))
     except ConfigError as exc:
         _fail(str(exc))
     if fresh:
         import shutil
 
         shutil.rmtree(out, ignore_errors=True)
+    from rstar_trainers.local.progress import (
+        RL_COLUMNS,
+        RL_LEGEND,
+        SFT_COLUMNS,
+        RunProgress,
+        held_out_line,
+        peak_memory_gib,
+        summary_lines,
+        table_header,
+        table_row,
+    )
+
+    started = time.monotonic()
+    sft_model: str | None = None
     if sft is not None:
-        sft_columns = ("step", "loss", "grad_norm", "lr", "time/step_s")
         console.print("[bold]SFT stage[/] -> " + sft.output_dir)
-        if settings is None:
-            console.print("  ".join(f"{c.split('/')[-1]:>12}" for c in sft_columns))
         try:
             if settings is None:
-                model_dir, report = run_sft_stage(
-                    run, sft, max_steps=max_steps,
-                    on_step=lambda m: console.print("  ".join(f"{m.get(c, 0):>12.4g}" for c in sft_columns)))
-            else:  # SFT before RL: in a child process, so RL never holds the SFT stage's memory
+                with RunProgress(console) as progress:
+                    for line in table_header(SFT_COLUMNS):
+                        progress.print(line)
+                    model_dir, report = run_sft_stage(
+                        run, sft, max_steps=max_steps, on_progress=progress.update,
+                        on_step=lambda m: progress.print(table_row(SFT_COLUMNS, m)))
+            else:  # SFT before RL: in a child process (it shows its own progress), so RL never holds its memory
                 model_dir, report = run_sft_stage_isolated(run, sft)
         except (ConfigError, DataError) as exc:
             _fail(str(exc))
@@ -511,42 +591,71 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
             console.print("[yellow]interrupted: SFT checkpoint saved[/]")
             raise SystemExit(130) from None
         if report:
-            console.print("SFT held-out: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+            console.print(held_out_line("SFT held-out", report), markup=False, highlight=False, soft_wrap=True)
         if settings is None:
-            console.print(f"done: SFT model in {model_dir}; metrics in {sft.output_dir}/metrics.jsonl "
-                          f"(rstar-env plot {sft.output_dir})")
+            if model_dir is None:
+                console.print(f"SFT stage not finished yet (rerun to continue); checkpoints in {sft.output_dir}")
+                return
+            eval_path = Path(sft.output_dir) / "eval.json"
+            for line in summary_lines(model=str(model_dir), run_dir=sft.output_dir, eval_before=None,
+                                      eval_after=report or None,
+                                      eval_path=str(eval_path) if eval_path.exists() else None,
+                                      seconds=time.monotonic() - started, peak_gib=peak_memory_gib(),
+                                      steps=_last_step(Path(sft.output_dir))):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
             return
         if model_dir is None:
             _fail(f"the SFT stage has not finished (rerun to continue it); its checkpoints are in {sft.output_dir}")
+        sft_model = str(model_dir)
         settings = settings.model_copy(update={"model": str(model_dir)})
         console.print("[bold]RL stage[/] from " + str(model_dir))
     assert settings is not None
-    trainer = LocalTrainer(run, settings)
-    if trainer.step:
-        console.print(f"resuming {settings.output_dir} at step {trainer.step}")
-    columns = ("step", "reward", "accuracy", "tool_calls_per_trajectory", "tool_error_ratio_correct", "groups_kept",
-               "loss", "time/step_s")
-    table_header = "  ".join(f"{c.split('/')[-1][:12]:>12}" for c in columns)
-    console.print(table_header)
-
-    def show(metrics: dict[str, Any]) -> None:
-        console.print("  ".join(f"{metrics.get(c, 0):>12.4g}" for c in columns))
 
     def held_out(name: str, report: dict[str, float]) -> None:
-        label = "held-out before RL" if name == "eval_start" else "held-out after RL"
-        console.print(f"{label}: " + "  ".join(f"{k} {v:.3g}" for k, v in report.items()))
+        progress.print(held_out_line("held-out before RL" if name == "eval_start" else "held-out after RL", report))
+
+    with RunProgress(console) as progress:
+        try:
+            trainer = LocalTrainer(run, settings, on_progress=progress.update)
+        except (ConfigError, DataError, ValueError) as exc:  # ValueError: a device or dtype this machine lacks
+            _fail(str(exc))
+        if trainer.step:
+            progress.print(f"resuming {settings.output_dir} at step {trainer.step}")
+        for line in (*table_header(RL_COLUMNS), RL_LEGEND):
+            progress.print(line)
+        try:
+            trainer.train(max_steps=max_steps, on_step=lambda m: progress.print(table_row(RL_COLUMNS, m)),
+                          on_eval=held_out, on_progress=progress.update)
+        except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
+            raise SystemExit(130) from None
+        finally:
+            trainer.close()
+    root = Path(settings.output_dir)
+    model_path = root / "model"
+    for line in summary_lines(
+        model=str(model_path) if (model_path / "config.json").exists() and trainer.step >= settings.steps else None,
+        run_dir=settings.output_dir, eval_before=_read_json(root / "eval_start.json"),
+        eval_after=_read_json(root / "eval.json"),
+        eval_path=str(root / "eval.json") if (root / "eval.json").exists() else None,
+        seconds=time.monotonic() - started, peak_gib=peak_memory_gib(), steps=trainer.step, sft_model=sft_model,
+    ):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _last_step(run_dir: Path) -> int:
+    from rstar_trainers.local.logging import read_metrics
 
     try:
-        trainer.train(max_steps=max_steps, on_step=show, on_eval=held_out)
-    except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback needed
-        _fail(str(exc))
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
-        raise SystemExit(130) from None
-    finally:
-        trainer.close()
-    console.print(f"done: step {trainer.step}; metrics in {settings.output_dir}/metrics.jsonl "
-                  f"(rstar-env plot {settings.output_dir})")
+        return max((int(r.get("step", 0)) for r in read_metrics(run_dir)), default=0)
+    except FileNotFoundError:
+        return 0
 
 
 @main.command()
@@ -559,10 +668,21 @@ def train(config: str, max_steps: int | None, output_dir: str | None, fresh: boo
 @click.option("--sft-model", default=None,
               help="Start both arms from this model instead of the config's SFT stage (run, or found finished, "
                    "in OUTPUT_DIR/sft).")
-def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, sft_model: str | None) -> None:
-    """GRPO vs GRPO-RoC from the same SFT checkpoint, with the same seeds, data and steps. Plots, per step, the
-    tool-error ratio in correct trajectories before selection, the reward and the response length; writes both arms'
-    metrics, compare.png and compare.md. Reruns resume."""
+@click.option("--device", default=None, help="Override trainer.device: cpu, cuda, cuda:N (SFT stage too).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Override trainer.dtype (compute precision; weights stay float32).")
+@click.option("--jobs", type=int, default=1, show_default=True,
+              help="Arms trained at once, each in its own process (e.g. all 2 x seeds on one GPU).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a trainer key (YAML value), e.g. --set prompts_per_step=4; repeatable.")
+def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, sft_model: str | None,
+            device: str | None, dtype: str | None, jobs: int, sets: tuple[str, ...]) -> None:
+    """GRPO vs GRPO-RoC from the same SFT checkpoint, with the same seeds, data and steps, as paired arms: for
+    each seed both arms draw the same step-1 rollouts (per-request sampling streams) and differ only through the
+    sampler. Plots, per step, the tool-error ratio in correct trajectories before selection, the reward, the
+    response length and the per-seed difference; prints the per-seed differences RoC - GRPO with a 95%
+    t-interval over seeds; writes both arms' metrics, compare.png, compare.md, per_step.csv and the sampler-only
+    check of the step-1 rollouts (roc_check.json). Reruns resume."""
     from rstar_env.config import ConfigError, load_config
     from rstar_env.data import DataError
 
@@ -576,11 +696,12 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         _fail(f"--seeds takes comma-separated integers, got {seeds!r}")
-    if not seed_list or (steps is not None and steps < 1):
-        _fail("give at least one seed and --steps >= 1")
+    if not seed_list or (steps is not None and steps < 1) or jobs < 1:
+        _fail("give at least one seed, --steps >= 1 and --jobs >= 1")
     try:
         run = load_config(config)
-        settings = trainer_config(run)
+        settings = trainer_config(run, device=device, dtype=dtype, **_overrides(sets))
+        _check_device(settings.device, settings.dtype)
     except ConfigError as exc:
         _fail(str(exc))
     root = Path(settings.output_dir)
@@ -589,7 +710,8 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
         if settings.sft is None:
             _fail(f"{config} has no trainer.sft section: pass --sft-model PATH (the checkpoint both arms start from)")
         sft = sft_config({"model": settings.model, "seed": settings.seed, "device": settings.device,
-                          "tensorboard": settings.tensorboard, **settings.sft, "output_dir": str(root / "sft")})
+                          "tensorboard": settings.tensorboard, **settings.sft, "output_dir": str(root / "sft")},
+                         device=device)
         console.print(f"SFT stage in {sft.output_dir} (reused when finished)")
         try:
             model_dir, _ = run_sft_stage_isolated(run, sft)
@@ -606,15 +728,77 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
 
     try:
         summary = run_compare(run, settings, out=out, model=model, seeds=seed_list,
-                              steps=steps or settings.steps, on_step=show)
+                              steps=steps or settings.steps, on_step=show, jobs=jobs)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: each arm's checkpoint is saved; rerun to continue[/]")
         raise SystemExit(130) from None
     click.echo((out / "compare.md").read_text())
     roc = summary["arms"]["roc"]["tool_error_ratio_correct"]["mean_second_half"]
     grpo = summary["arms"]["grpo"]["tool_error_ratio_correct"]["mean_second_half"]
+    paired = summary["paired"]["tool_error_ratio_correct"]["second_half"]
+    low, high = paired["ci95"]
+    interval = "no interval with one seed" if low != low else f"95% CI [{low:+.4f}, {high:+.4f}] over seeds"
     click.echo(f"tool-error ratio in correct trajectories, second half: GRPO-RoC {roc:.3f} vs GRPO {grpo:.3f}; "
-               f"figure {out / 'compare.png'}")
+               f"paired difference RoC - GRPO {paired['mean']:+.4f} ({interval}); figure {out / 'compare.png'}")
+
+
+@main.command("roc-check")
+@click.argument("rollouts", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--keep", type=int, required=True, help="G: trajectories kept per group (trainer.group_size).")
+@click.option("--step", type=int, default=1, show_default=True, help="Which step's rollouts to read.")
+@click.option("--draws", type=int, default=500, show_default=True, help="Replays of each sampler (fresh rng each).")
+@click.option("--mode", type=click.Choice(["topk", "weighted"]), default="topk", show_default=True,
+              help="RoC's positive selection.")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="Also write the report as JSON.")
+def roc_check_command(rollouts: tuple[str, ...], keep: int, step: int, draws: int, mode: str,
+                      json_out: str | None) -> None:
+    """The sampler-only check: on recorded rollouts (run directories or trajectories.jsonl files, e.g. each arm
+    of `rstar-env compare`), the tool-error ratio of the positives GRPO-RoC would keep against GRPO's uniform
+    pick, over many draws. If RoC is not clearly below GRPO here, training from these weights cannot show its
+    effect."""
+    import json as _json
+
+    from rstar_trainers.local.roc_check import format_report, read_step_groups, roc_check
+
+    if keep < 1 or draws < 1:
+        _fail("--keep and --draws must be at least 1")
+    groups = []
+    try:
+        for path in rollouts:
+            groups += read_step_groups(path, step=step)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    report = roc_check(groups, keep, draws=draws, roc={"mode": mode})
+    click.echo(format_report(report))
+    if json_out:
+        Path(json_out).write_text(_json.dumps(report, indent=1))
+
+
+def _overrides(sets: tuple[str, ...]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as trainer overrides (values parsed as YAML: numbers, booleans, strings)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            _fail(f"--set takes KEY=VALUE (a trainer key), got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _check_device(device: str, dtype: str) -> None:
+    """Fail with a clear message, before any model loads, when torch cannot use ``device`` / ``dtype`` here."""
+    try:
+        from rstar_env.rollout.local import check_dtype
+        from rstar_trainers.local.trainer import check_device
+    except ImportError:
+        return  # the trainer's own import error says what to install
+    try:
+        check_device(device)
+        check_dtype(dtype, device)
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 @main.command()

@@ -15,6 +15,7 @@ Errors name the file, the key and what was wrong (:class:`ConfigError`).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,8 +120,10 @@ class DatasetSpec(_Model):
     source: str = "arithmetic"
     split: str = "train"
     fields: dict[str, str] | None = None
-    preset: str | None = "auto"
-    """``auto`` recognises DAPO-Math rows; ``dapo``/``aime`` force a preset; ``None`` turns presets off."""
+    row_format: str | None = "auto"
+    """How rows of a known dataset are read: ``auto`` recognises DAPO-Math rows; ``dapo``/``aime`` force that
+    format; ``None`` reads every row plainly. ``preset`` is its former name (deprecated: ``env.preset`` is another
+    thing)."""
     integer_answers_only: bool = False
     dedup: bool = True
     limit: PositiveInt | None = None
@@ -135,6 +138,15 @@ class DatasetSpec(_Model):
     @model_validator(mode="before")
     @classmethod
     def _from_source(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "preset" in value:
+            if "row_format" in value:
+                raise ValueError("dataset.preset is the former name of dataset.row_format: give row_format only")
+            warnings.warn(
+                "dataset.preset is now dataset.row_format (env.preset is the env's preset)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            value = {("row_format" if k == "preset" else k): v for k, v in value.items()}
         if isinstance(value, Path):
             return {"source": str(value)}
         if isinstance(value, dict) and isinstance(value.get("source"), Path):

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import pickle
-import sys
 import time
 import traceback
 import uuid
@@ -39,8 +38,9 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium
 from pydantic import ValidationError
 
-from rstar_env import _aio
+from rstar_env import aio, watchdog
 from rstar_env.config import ConfigError, DatasetSpec, EnvConfig, PluginSpec, RunConfig, load_config
+from rstar_env.data.records import check_row
 from rstar_env.format import (
     DEFAULT_SYSTEM_PROMPT,
     ChatFormat,
@@ -50,13 +50,17 @@ from rstar_env.format import (
     parse_tool_calls,
     render_system_prompt,
 )
-from rstar_env.plugins import check_tool, load_reward, load_tool
+from rstar_env.plugins import check_tool, invoke, load_reward, load_tool
+from rstar_env.reward import Reward
 from rstar_env.spaces import TokenAction, UnicodeText
 from rstar_env.special_tokens import SpecialTokens, encode_parts
-from rstar_env.tool import EpisodeContext, validate_arguments
+from rstar_env.tool import EpisodeContext, Tool, validate_arguments
 from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolResult, Trajectory, Turn
 
-PluginLike = str | dict[str, Any] | PluginSpec | Any
+PluginLike = str | dict[str, Any] | PluginSpec | Tool | Reward
+
+STEP_LIMIT_OPTION = "max_episode_steps"
+"""The ``reset`` option that limits one episode's steps (scored as ``time_limit``)."""
 
 
 class RewardError(RuntimeError):
@@ -85,9 +89,11 @@ class MathToolEnv(gymnasium.Env[str, str]):
         tokenizer: counts tokens for ``length_unit: tokens`` and fills token ids in the trajectory.
         preset: a named bundle of settings laid under the others (``"rstar2"``: the reference implementation's
             episode, see :mod:`rstar_env.presets`).
-        max_episode_steps: cut an episode after this many steps as ``time_limit``, scored like ``max_turns``. A
-            gymnasium ``TimeLimit`` around the env (``gym.make(..., max_episode_steps=n)``) is found at ``reset``
-            and applied the same way, so the step it truncates is scored too.
+        max_episode_steps: cut every episode after this many steps as ``time_limit``, scored like ``max_turns``.
+            One episode's limit can also come with its reset, ``reset(options={..., "max_episode_steps": n})``,
+            which is how :class:`rstar_env.wrappers.ScoredTimeLimit` and :class:`rstar_env.wrappers.EnvAPI` make the
+            step they truncate a scored one. The env never looks for wrappers around it: gymnasium's own
+            ``TimeLimit`` (what ``gym.make(..., max_episode_steps=n)`` adds) truncates from outside, unscored.
         **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
 
     Copies (``pickle``, ``copy.deepcopy``) keep the config, the loaded dataset and the random state, so the same seed
@@ -137,12 +143,12 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self.chat_format: ChatFormat = get_chat_format(cfg.env.chat_format)
 
         self.max_episode_steps = max_episode_steps
-        self._wrapper_time_limit: int | None = None  # from a gymnasium TimeLimit found at the last reset()
+        self._episode_step_limit: int | None = None  # from the current episode's reset options
 
         self._owned: list[Any] = []  # plugins this env built, and so closes
         # The release of what the plugins hold must not depend on close(): a dropped env releases it when collected.
         self._finalizer = weakref.finalize(self, _release_plugins, self._owned)
-        self.tools: dict[str, Any] = {}
+        self.tools: dict[str, Tool] = {}
         # How each tool and the reward were given (a spec, or a borrowed instance), for copies of this env.
         self._tool_entries: list[Any] = []
         specs = iter(cfg.tools)  # validated, in the order given
@@ -158,7 +164,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
                 raise ValueError(f"two tools are named {entry.name!r}; tool names must be unique in one env")
             self.tools[entry.name] = entry
         self._reward_entry: Any = cfg.reward if _is_spec(reward) else reward
-        self.reward_fn = (
+        self.reward_fn: Reward = (
             self._own(_built(load_reward(cfg.reward.name, **cfg.reward.options), cfg.reward))
             if _is_spec(reward)
             else reward
@@ -184,15 +190,15 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     # -- gymnasium API -------------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset."""
-        self._wrapper_time_limit = _time_limit_around(self)
-        return _aio.run_sync(self.areset(seed=seed, options=options))
+        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset;
+        see :meth:`areset`."""
+        return aio.run_sync(self.areset(seed=seed, options=options))
 
     def step(
         self, action: str, *, token_ids: Sequence[int] | None = None, logprobs: Sequence[float] | None = None
     ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """Take one assistant action; see :meth:`astep`."""
-        return _aio.run_sync(self.astep(action, token_ids=token_ids, logprobs=logprobs))
+        return aio.run_sync(self.astep(action, token_ids=token_ids, logprobs=logprobs))
 
     def render(self) -> str | None:
         if self._trajectory is None:
@@ -207,10 +213,10 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if self._closed:
             return
         self._closed = True
-        if _aio.on_background_loop():  # closed from a coroutine on the env's own loop: it cannot wait on itself
-            _aio.spawn_on_background(self.aclose())
+        if aio.on_background_loop():  # closed from a coroutine on the env's own loop: it cannot wait on itself
+            aio.spawn_on_background(self.aclose())
             return
-        _aio.run_sync(self.aclose())
+        aio.run_sync(self.aclose())
 
     # -- copies ----------------------------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -233,7 +239,6 @@ class MathToolEnv(gymnasium.Env[str, str]):
             "tokenizer": self.tokenizer,
             "render_mode": self.render_mode,
             "max_episode_steps": self.max_episode_steps,
-            "wrapper_time_limit": self._wrapper_time_limit,
             "dataset": self._dataset,
             "np_random": self._np_random,
             "np_random_seed": self._np_random_seed,
@@ -249,7 +254,6 @@ class MathToolEnv(gymnasium.Env[str, str]):
             render_mode=state["render_mode"],
             max_episode_steps=state["max_episode_steps"],
         )
-        self._wrapper_time_limit = state["wrapper_time_limit"]
         self._dataset = state["dataset"]
         self._np_random = state["np_random"]
         self._np_random_seed = state["np_random_seed"]
@@ -259,9 +263,18 @@ class MathToolEnv(gymnasium.Env[str, str]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        """Start an episode on ``options={"problem", "answer"[, "id"]}``, or on a problem drawn from the dataset
+        when no problem is given. ``options["max_episode_steps"]`` limits this episode alone (see ``time_limit``)."""
         super().reset(seed=seed)
         await self._end_episode()
-        row = dict(options) if options else self._draw()
+        row = dict(options or {})
+        limit = row.pop(STEP_LIMIT_OPTION, None)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"reset option {STEP_LIMIT_OPTION!r} must be a positive int or None, got {limit!r}")
+        self._episode_step_limit = limit
+        if row:
+            check_row(row, "reset options")
+        row = row or self._draw()
         problem, answer = row.get("problem"), row.get("answer")
         if problem is None or not str(problem).strip():
             raise ValueError(
@@ -348,7 +361,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     def abort(self, reason: str, error: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """End the episode as a failure of the system; see :meth:`aabort`."""
-        return _aio.run_sync(self.aabort(reason, error))
+        return aio.run_sync(self.aabort(reason, error))
 
     async def _astep(
         self,
@@ -411,9 +424,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     @property
     def time_limit(self) -> int | None:
-        """Steps after which an episode ends as ``time_limit``: ``max_episode_steps``, or a gymnasium ``TimeLimit``
-        around the env (found at the last synchronous ``reset``), whichever is smaller; ``None`` for none."""
-        limits = [n for n in (self.max_episode_steps, self._wrapper_time_limit) if n is not None]
+        """Steps after which the current episode ends as ``time_limit``: the env's ``max_episode_steps`` or the
+        ``max_episode_steps`` its reset options gave, whichever is smaller; ``None`` for none."""
+        limits = [n for n in (self.max_episode_steps, self._episode_step_limit) if n is not None]
         return min(limits) if limits else None
 
     @property
@@ -427,7 +440,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         """The live trajectory of the current episode (``info["trajectory"]`` is a snapshot of it)."""
         return self._trajectory
 
-    def tool_time_limit(self, tool: Any) -> float:
+    def tool_time_limit(self, tool: Tool) -> float:
         """Seconds one call of ``tool`` may take: ``env.tool_timeout_s``, or less when the tool asks for less with a
         ``call_timeout_s`` attribute (a tool can only lower the env's bound, never raise it)."""
         limit = self.settings.tool_timeout_s
@@ -483,7 +496,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
         start = time.perf_counter()
         limit = self.tool_time_limit(tool)
         try:
-            result = await _bounded(tool.call(parsed.arguments or {}, episode), limit)
+            result = await _bounded(
+                invoke(tool.call, parsed.arguments or {}, episode), limit, f"tool {tool.name!r} call"
+            )
             if not isinstance(result, ToolResult):
                 raise TypeError(f"{type(tool).__name__}.call returned {type(result).__name__}, not ToolResult")
         except _TimedOut:
@@ -511,7 +526,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
             action = "\n".join(turn.action for turn in traj.turns)
         limit = self.settings.reward_timeout_s
         try:
-            result = await _bounded(self.reward_fn.score(action, traj.answer), limit)
+            result = await _bounded(
+                invoke(self.reward_fn.score, action, traj.answer), limit, f"reward {self.reward_fn.name!r} score"
+            )
         except _TimedOut:
             raise RewardTimeout(
                 f"reward_timeout: the {self.reward_fn.name!r} verifier did not finish within {limit:g} s "
@@ -542,13 +559,16 @@ class MathToolEnv(gymnasium.Env[str, str]):
         return "", traj.reward, reason == "answer", reason != "answer", info
 
     async def _end_episode(self) -> None:
-        """Release every tool's per-episode state (stateful interpreters, ...)."""
+        """Release every tool's per-episode state (stateful interpreters, ...): its optional ``close(episode)``."""
         episode, self._episode = self._episode, None
         if episode is None:
             return
         for tool in self.tools.values():
+            close = getattr(tool, "close", None)
+            if close is None:
+                continue
             try:
-                await tool.close(episode)
+                await _bounded(invoke(close, episode), self.tool_time_limit(tool), f"tool {tool.name!r} close")
             except Exception as exc:  # closing must go on for the other tools
                 gymnasium.logger.warn(f"tool {tool.name!r} failed to close episode {episode.episode_id}: {exc}")
 
@@ -601,44 +621,30 @@ def _release_plugins(owned: list[Any]) -> None:
     owned.clear()
     if not plugins:
         return
-    if getattr(weakref.finalize, "_shutdown", False) and not _aio.on_background_loop():
-        _aio.run_sync(_close_plugins(plugins))  # at interpreter exit: wait, the loop thread dies next
+    if getattr(weakref.finalize, "_shutdown", False) and not aio.on_background_loop():
+        aio.run_sync(_close_plugins(plugins))  # at interpreter exit: wait, the loop thread dies next
     else:
         # Collection can strike in any thread, even one holding a lock the closing needs: never wait here.
-        _aio.spawn_on_background(_close_plugins(plugins))
-
-
-def _time_limit_around(env: MathToolEnv) -> int | None:
-    """The ``max_episode_steps`` of a gymnasium ``TimeLimit`` that this ``reset`` came through, if any.
-
-    Gymnasium gives an env no way to learn about the wrappers around it, and ``make`` even records
-    ``max_episode_steps=None`` in the env's own spec; yet a step that ``TimeLimit`` truncates must be scored by the
-    env. So look at the callers: the wrapper chain's ``reset`` frames (and gymnasium's helpers between them).
-    """
-    frame = sys._getframe(2)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, gymnasium.wrappers.TimeLimit) and owner.unwrapped is env:
-            return int(owner._max_episode_steps)
-        if not (isinstance(owner, gymnasium.Env) or frame.f_globals.get("__name__", "").startswith("gymnasium")):
-            return None
-        frame = frame.f_back
-    return None
+        aio.spawn_on_background(_close_plugins(plugins))
 
 
 class _TimedOut(Exception):
     """A plugin call outlived its time limit."""
 
 
-async def _bounded(coro: Any, limit: float) -> Any:
+async def _bounded(coro: Any, limit: float, name: str) -> Any:
     """Await ``coro`` for at most ``limit`` seconds, else raise :class:`_TimedOut`.
 
-    The call runs as a task that is cancelled, not awaited, past the limit: a plugin that ignores cancellation
-    cannot hold the episode. A plugin that blocks the event loop (``time.sleep`` in ``async def``) cannot be
-    interrupted, but the result it returns late is still treated as a timeout, never as a valid one.
+    The call runs as a task named ``name`` (what the loop watchdog reports when it blocks the loop) that is
+    cancelled, not awaited, past the limit: a plugin that ignores cancellation cannot hold the episode. A plain
+    (``def``) plugin method runs in a thread (:func:`~rstar_env.plugins.invoke`), so its limit holds; one that
+    blocks the event loop (``time.sleep`` in ``async def``) cannot be interrupted, but the result it returns late is
+    still treated as a timeout, never as a valid one.
     """
+    loop = asyncio.get_running_loop()
+    watchdog.watch(loop)
     start = time.perf_counter()
-    task = asyncio.ensure_future(coro)
+    task = loop.create_task(coro, name=name)
     try:
         done, _ = await asyncio.wait({task}, timeout=limit)
     except asyncio.CancelledError:  # the step itself was cancelled: so is the call it was waiting for

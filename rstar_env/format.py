@@ -27,8 +27,12 @@ from typing import Any
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+"""The one ``<answer>...</answer>`` pattern (its group: the block's content), for answer extraction here and the
+answer-format count of :class:`~rstar_env.trajectory.Trajectory`."""
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+_BOX_TOKEN = re.compile(r"[^\s$]+")
+_BRACE = re.compile(r"[{}]")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 _JSON_LEXEME = re.compile(r'\\.|["\[\]{}]', re.DOTALL)  # what decides nesting: escapes, quotes, brackets
 
@@ -150,31 +154,63 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
 
 
 # -- final answers ---------------------------------------------------------------------------------------------------
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``, braces balanced."""
-    result = None
+def boxed_spans(text: str) -> list[tuple[int, int, str]]:
+    """Every ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``, in order, as ``(start, end,
+    content)``: ``start`` is where ``\\boxed`` begins, ``end`` just past the closing brace, braces balanced. An
+    unclosed box is not an answer and is left out.
+
+    One pass over the braces with a stack, so the cost is linear in ``len(text)`` whatever the text holds (a
+    megabyte of unclosed ``\\boxed{`` included)."""
+    opens: dict[int, int] = {}  # position of a box's "{" -> position of its "\\boxed"
+    spans: dict[int, tuple[int, int, str]] = {}
     for match in _BOXED.finditer(text):
         start = match.end()
         if start < len(text) and text[start] == "{":
-            depth, i = 0, start
-            while i < len(text):
-                if text[i] == "{":
-                    depth += 1
-                elif text[i] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        result = text[start + 1 : i]
-                        break
-                i += 1
+            opens[start] = match.start()
         elif match.group(0).endswith(" "):  # "\boxed 5": the token up to the next whitespace or "$"
-            token = re.match(r"[^\s$]+", text[start:])
-            if token:
-                result = token.group(0)
-    return result
+            token = _BOX_TOKEN.match(text, start)
+            if token and token.group(0):
+                spans[match.start()] = (match.start(), token.end(), token.group(0))
+    if opens:
+        stack: list[int] = []
+        for brace in _BRACE.finditer(text):
+            at = brace.start()
+            if text[at] == "{":
+                stack.append(at)
+            elif stack:
+                open_at = stack.pop()
+                box = opens.get(open_at)
+                if box is not None:
+                    spans[box] = (box, at + 1, text[open_at + 1 : at])
+    return [spans[key] for key in sorted(spans)]
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed 5``) in ``text``, braces balanced.
+    Linear in ``len(text)`` (see :func:`boxed_spans`)."""
+    if "\\boxed" not in text and "\\fbox" not in text:
+        return None
+    spans = boxed_spans(text)
+    if not spans:
+        return None
+    # The box that starts last, as a left-to-right reader finds it (a box nested in another starts after it).
+    return spans[-1][2]
 
 
 def answer_blocks(text: str) -> list[str]:
-    return _ANSWER_BLOCK.findall(text)
+    """The text of every ``<answer>...</answer>`` block, in order (an unclosed ``<answer>`` is not a block).
+    Linear in ``len(text)``: the same blocks as a lazy ``<answer>(.*?)</answer>`` search, without its rescans."""
+    blocks: list[str] = []
+    position = 0
+    while True:
+        start = text.find("<answer>", position)
+        if start < 0:
+            return blocks
+        end = text.find("</answer>", start + 8)
+        if end < 0:
+            return blocks  # no later "<answer>" can close either
+        blocks.append(text[start + 8 : end])
+        position = end + 9
 
 
 def extract_answer(

@@ -19,22 +19,34 @@ Built-in plugins are registered through the same entry-point group, so they have
 Then ``load_tool("my_tool", **options)`` builds an instance, as the env does for ``tools=["my_tool"]``.
 
 Each entry point is loaded in isolation: one that fails is skipped with a :class:`PluginLoadWarning` and listed
-by :func:`failed_plugins`. A plugin class may declare ``options_model`` (a pydantic model of its options), which
-validates a config's options when it loads; a tool's schema is checked when the tool is built.
+by :func:`failed_plugins`. A plugin's options are declared once: as ``options_model`` (a pydantic model or a
+dataclass) that the constructor receives as ``options``, or as the fields of a dataclass plugin. They are validated
+when a config loads; a tool's schema is checked when the tool is built.
+
+Plugin methods may be coroutines or plain functions: :func:`invoke` runs a plain one in a thread, so its time
+limit holds and it never blocks the event loop every env shares. Plugin authors import from
+:mod:`rstar_env.plugin`, the one place that gathers what they need.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import inspect
 import threading
+import typing
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import pluggy
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
+
+from rstar_env.invoke import invoke
+from rstar_env.reward import Reward
+from rstar_env.sampler import Sampler
+from rstar_env.tool import Tool
 
 PROJECT = "rstar_env"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -49,12 +61,12 @@ class PluginSpecs:
 
     @hookspec
     def rstar_env_tools(self) -> Sequence[type]:
-        """Tool plugin classes: ``name``, ``schema``, ``async call(arguments, episode) -> ToolResult``,
-        ``async close(episode)``. See :mod:`rstar_env.tool`."""
+        """Tool plugin classes: ``name``, ``schema``, ``call(arguments, episode) -> ToolResult`` and optionally
+        ``close(episode)``, each ``async def`` or plain ``def``. See :mod:`rstar_env.plugin`."""
 
     @hookspec
     def rstar_env_rewards(self) -> Sequence[type]:
-        """Reward plugin classes: ``name``, ``async score(response, answer) -> RewardResult``.
+        """Reward plugin classes: ``name``, ``score(response, answer) -> RewardResult`` (``async def`` or ``def``).
         See :mod:`rstar_env.reward`."""
 
     @hookspec
@@ -174,11 +186,14 @@ class PluginRegistry:
         hooks = {caller.name for caller in self.pm.get_hookcallers(plugin) or ()}
         unknown = sorted(hooks - set(_HOOKS.values()))
         if unknown:
-            raise PluginError(f"it implements {', '.join(unknown)}, which is no rstar_env hook (the hooks are "
-                              f"{', '.join(_HOOKS.values())})")
+            raise PluginError(
+                f"it implements {', '.join(unknown)}, which is no rstar_env hook (the hooks are "
+                f"{', '.join(_HOOKS.values())})"
+            )
         if not hooks:
-            raise PluginError(f"it implements no rstar_env hook (mark {', '.join(_HOOKS.values())} with "
-                              "rstar_env.plugins.hookimpl)")
+            raise PluginError(
+                f"it implements no rstar_env hook (mark {', '.join(_HOOKS.values())} with rstar_env.plugins.hookimpl)"
+            )
         infos: list[PluginInfo] = []
         for kind, hook_name in _HOOKS.items():
             if hook_name not in hooks:
@@ -241,9 +256,11 @@ class PluginRegistry:
     def get(self, kind: PluginKind, name: str) -> type:
         table = self.plugins(kind)
         if name not in table:
-            raise PluginError(f"unknown {kind} {name!r}; registered {kind}s: {self.known(kind)}. Register one with "
-                              "rstar_env.plugins.register(MyClass) or an [project.entry-points.rstar_env] entry in "
-                              f"its package{self._failed_note()}.")
+            raise PluginError(
+                f"unknown {kind} {name!r}; registered {kind}s: {self.known(kind)}. Register one with "
+                "rstar_env.plugins.register(MyClass) or an [project.entry-points.rstar_env] entry in "
+                f"its package{self._failed_note()}."
+            )
         return table[name].cls
 
     def known(self, kind: PluginKind) -> str:
@@ -261,9 +278,16 @@ class PluginRegistry:
     def check_options(self, kind: PluginKind, name: str, options: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments to build plugin ``name`` with, from a config's ``options``.
 
-        A plugin class may declare ``options_model``, a pydantic model of its options: they are validated by it
-        (unknown keys refused) and the constructor gets every field of the model. Without one, ``options`` must
-        bind to the constructor's signature. Raises :class:`PluginError` naming the plugin and what is wrong.
+        Options are declared once, in one of three ways:
+
+        - ``options_model``, a pydantic model or a dataclass, with a constructor that takes ``options``: the
+          constructor receives the validated model (``def __init__(self, options: MyOptions)``; or no constructor
+          at all, and the instance gets ``self.options``);
+        - ``options_model`` with a constructor that takes the fields as keywords: it gets every field;
+        - a dataclass plugin with no ``options_model``: its init fields are the options, validated by type.
+
+        Without any of these, ``options`` must bind to the constructor's signature. Unknown keys and bad values
+        raise :class:`PluginError` naming the plugin and what is wrong.
         """
         cls = self.get(kind, name)
         label = f"{kind} {name!r} ({_qualname(cls)})"
@@ -271,21 +295,15 @@ class PluginRegistry:
             raise PluginError(f"{label}: options must be a mapping, got {type(options).__name__}")
         model = getattr(cls, "options_model", None)
         if model is not None:
-            if not (inspect.isclass(model) and issubclass(model, BaseModel)):
-                raise PluginError(f"{label}: options_model must be a pydantic BaseModel subclass, got {model!r}")
-            unknown = sorted(set(options) - set(model.model_fields))
-            if unknown:
-                raise PluginError(f"{label} has no option(s) {', '.join(map(repr, unknown))}; its options are: "
-                                  f"{', '.join(model.model_fields) or 'none'}")
-            try:
-                validated = model.model_validate(options)
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
-                    for e in exc.errors()
-                )
-                raise PluginError(f"{label} rejects its options: {problems}") from None
-            options = {field: getattr(validated, field) for field in model.model_fields}
+            fields = _model_fields(model, label)
+            validated = _validate(model, fields, options, label)
+            if _takes_options_object(cls, fields):
+                return {"options": validated}
+            options = {field: getattr(validated, field) for field in fields}
+        elif dataclasses.is_dataclass(cls):
+            fields = [f.name for f in dataclasses.fields(cls) if f.init]
+            validated = _validate(_dataclass_model(cls), fields, options, label)
+            options = {field: getattr(validated, field) for field in fields if field in options}
         try:
             inspect.signature(cls).bind(**options)
         except TypeError as exc:
@@ -296,7 +314,12 @@ class PluginRegistry:
         """An instance of plugin ``name`` built with ``options`` (see :meth:`check_options`); a tool's schema is
         checked (:func:`check_tool`)."""
         cls = self.get(kind, name)
-        instance = cls(**self.check_options(kind, name, options))
+        kwargs = self.check_options(kind, name, options)
+        if "options" in kwargs and not _has_init(cls):  # an options_model and no constructor: set as documented
+            instance = cls()
+            instance.options = kwargs["options"]
+        else:
+            instance = cls(**kwargs)
         if kind == "tool":
             check_tool(instance)
         return instance
@@ -323,6 +346,62 @@ def _checked_name(cls: Any, kind: PluginKind, source: str) -> str:
     if not callable(getattr(cls, method, None)):
         raise PluginError(f"{kind} plugin {_qualname(cls)} ({name!r}) from {source} has no `{method}` method")
     return name
+
+
+def _model_fields(model: Any, label: str) -> list[str]:
+    if inspect.isclass(model) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    if inspect.isclass(model) and dataclasses.is_dataclass(model):
+        return [f.name for f in dataclasses.fields(model) if f.init]
+    raise PluginError(f"{label}: options_model must be a pydantic BaseModel subclass or a dataclass, got {model!r}")
+
+
+def _validate(model: Any, fields: list[str], options: dict[str, Any], label: str) -> Any:
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        raise PluginError(
+            f"{label} has no option(s) {', '.join(map(repr, unknown))}; its options are: {', '.join(fields) or 'none'}"
+        )
+    try:
+        if issubclass(model, BaseModel):
+            return model.model_validate(options)
+        return TypeAdapter(model).validate_python(options)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise PluginError(f"{label} rejects its options: {problems}") from None
+
+
+def _dataclass_model(cls: type) -> type[BaseModel]:
+    """A pydantic model of a dataclass plugin's init fields, to validate its options without building it."""
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            fields[f.name] = (hints.get(f.name, Any), f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            from pydantic import Field
+
+            fields[f.name] = (hints.get(f.name, Any), Field(default_factory=f.default_factory))
+        else:
+            fields[f.name] = (hints.get(f.name, Any), ...)
+    return create_model(f"{cls.__name__}Options", __config__={"arbitrary_types_allowed": True}, **fields)
+
+
+def _has_init(cls: type) -> bool:
+    return any("__init__" in vars(base) for base in cls.__mro__ if base is not object)
+
+
+def _takes_options_object(cls: type, fields: list[str]) -> bool:
+    """Whether ``cls`` is built with the validated options model (``cls(options=...)``) rather than its fields."""
+    if not _has_init(cls):
+        return True
+    params = inspect.signature(cls).parameters
+    return "options" in params and "options" not in fields
 
 
 def _qualname(cls: type) -> str:
@@ -372,19 +451,19 @@ def failed_plugins() -> list[FailedPlugin]:
     return list(get_registry().failed)
 
 
-def load_tool(name: str, **options: Any) -> Any:
+def load_tool(name: str, **options: Any) -> Tool:
     """Build the tool plugin called ``name`` with ``options`` (e.g. ``load_tool("python", stateful=True)``)."""
-    return get_registry().build("tool", name, options)
+    return typing.cast(Tool, get_registry().build("tool", name, options))
 
 
-def load_reward(name: str, **options: Any) -> Any:
+def load_reward(name: str, **options: Any) -> Reward:
     """Build the reward plugin called ``name`` with ``options``."""
-    return get_registry().build("reward", name, options)
+    return typing.cast(Reward, get_registry().build("reward", name, options))
 
 
-def load_sampler(name: str, **options: Any) -> Any:
+def load_sampler(name: str, **options: Any) -> Sampler:
     """Build the group sampler called ``name`` with ``options``."""
-    return get_registry().build("sampler", name, options)
+    return typing.cast(Sampler, get_registry().build("sampler", name, options))
 
 
 __all__ = [
@@ -399,6 +478,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "hookspec",
+    "invoke",
     "list_plugins",
     "load_reward",
     "load_sampler",

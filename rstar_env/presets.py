@@ -65,8 +65,9 @@ PRESETS: dict[str, Preset] = {
             "scored_text": "all_actions",
         },
         tools=[{"name": "python_code_with_standard_io", "options": {"timeout_s": 4}}],
-        # The reference reads the last \boxed{} of the whole response (prime_math, then math_verify), wherever it is.
-        reward={"name": "math", "options": {"answer_block": False}},
+        # The reference reads the last \boxed{} of the whole response (prime_math, then math_verify), wherever it is,
+        # and that box alone (not the final run of boxes the default reads as one answer).
+        reward={"name": "math", "options": {"answer_block": False, "boxes": "last"}},
         sampler={"name": "roc", "options": {"turn_count": "after_first"}},
     ),
 }

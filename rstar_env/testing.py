@@ -112,15 +112,15 @@ def assert_tool_errors(trajectory: Trajectory, expected: dict[str, int]) -> None
 def score(verifier: Any, response: str, gold: str, **options: Any) -> RewardResult:
     """Score ``response`` against the gold answer with ``verifier`` (an instance, or a registered name built with
     ``options``), synchronously, checking that it returns a :class:`~rstar_env.trajectory.RewardResult`."""
-    from rstar_env import _aio
-    from rstar_env.plugins import load_reward
+    from rstar_env import aio
+    from rstar_env.plugins import invoke, load_reward
 
     plugin = load_reward(verifier, **options) if isinstance(verifier, str) else verifier
     try:
-        result = _aio.run_sync(plugin.score(response, gold))
+        result = aio.run_sync(invoke(plugin.score, response, gold))
     finally:
         if isinstance(verifier, str) and hasattr(plugin, "aclose"):
-            _aio.run_sync(plugin.aclose())
+            aio.run_sync(plugin.aclose())
     if not isinstance(result, RewardResult):
         raise AssertionError(f"{plugin.name!r}.score returned {type(result).__name__}, not RewardResult")
     return result

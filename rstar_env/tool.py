@@ -1,8 +1,10 @@
 """The tool contract: what a tool plugin is, what it is told about the episode, and argument checking.
 
-A tool plugin is a class with a ``name``, an OpenAI function ``schema``, ``async def call(arguments, episode) ->
-ToolResult`` and ``async def close(episode)``. One tool instance serves many episodes (a vector env shares it), so
-per-episode state is keyed by ``episode.episode_id``, and ``close(episode)`` is where it is released.
+A tool plugin is a class with a ``name``, an OpenAI function ``schema`` and ``call(arguments, episode) ->
+ToolResult``, plus, optionally, ``close(episode)``. One tool instance serves many episodes (a vector env shares it),
+so per-episode state is keyed by ``episode.episode_id`` (or kept in ``episode.state``), and ``close(episode)`` is
+where it is released. ``call`` and ``close`` may be ``async def`` (run on the event loop every env of the process
+shares: they must never block it) or plain ``def`` (run in a thread, for blocking or CPU-bound work).
 
 Raising from ``call`` is allowed but discouraged: the environment turns an exception into a ``crash`` tool
 result, so a buggy plugin cannot end an episode. Every call runs under the env's ``tool_timeout_s``; a tool may ask
@@ -13,6 +15,7 @@ The ``schema`` is checked when the tool is built (:func:`schema_problem`).
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -33,12 +36,15 @@ class EpisodeContext:
 
 @runtime_checkable
 class Tool(Protocol):
+    """A tool plugin. ``call`` is ``async def`` or plain ``def`` (run in a thread). Optional: ``close(episode)``
+    (per-episode cleanup, also either kind), ``call_timeout_s`` (a lower time limit than the env's),
+    ``options_model`` (see :mod:`rstar_env.plugin`) and ``async def aclose()`` (release what the instance holds
+    when the env that built it closes)."""
+
     name: ClassVar[str] | str
     schema: dict[str, Any]
 
-    async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult: ...
-
-    async def close(self, episode: EpisodeContext) -> None: ...
+    def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> Awaitable[ToolResult] | ToolResult: ...
 
 
 def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

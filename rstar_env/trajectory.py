@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
+
+from rstar_env.format import answer_blocks
+from rstar_env.outcomes import TOOL_ERROR_KINDS
 
 ToolErrorKind = Literal["exception", "timeout", "bad_call", "crash", "output_limit"]
-"""Why a tool call failed. ``bad_call``: malformed JSON, unknown tool or invalid arguments."""
+"""Why a tool call failed. ``bad_call``: malformed JSON, unknown tool or invalid arguments. The other names are the
+sandbox's statuses (:mod:`rstar_env.outcomes`): one vocabulary from the sandbox to the trajectory."""
 
 EndReason = Literal["answer", "max_turns", "length", "action_too_long", "time_limit", "env_error", "policy_error"]
 """Why an episode ended.
@@ -31,9 +34,7 @@ SYSTEM_FAILURES: tuple[str, ...] = ("env_error", "policy_error")
 """End reasons that are failures of the system, not of the model: recorded and counted, never scored, never
 trained on, and run again when an evaluation resumes."""
 
-TOOL_ERROR_KINDS: tuple[str, ...] = get_args(ToolErrorKind)
 
-_ANSWER_BLOCK = re.compile(r"<answer>.*?</answer>", re.DOTALL)
 
 
 @dataclass
@@ -201,7 +202,7 @@ class Trajectory:
     @property
     def num_answer_blocks(self) -> int:
         """``<answer>...</answer>`` blocks over all assistant turns (more than one is a format fault)."""
-        return sum(len(_ANSWER_BLOCK.findall(turn.action)) for turn in self.turns)
+        return sum(len(answer_blocks(turn.action)) for turn in self.turns)
 
     @property
     def final_answer(self) -> str | None:

@@ -39,7 +39,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rstar_env import _aio
+from rstar_env import aio
+from rstar_env.data.records import check_row
 from rstar_env.env import MathToolEnv
 
 RESET_OPTIONS: tuple[str, ...] = ("rows", "reset_mask")
@@ -97,10 +98,10 @@ class MathToolVectorEnv(VectorEnv):
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[tuple[str, ...], dict[str, Any]]:
         """Reset every sub-env, or those in ``options["reset_mask"]``; ``options["rows"]`` gives their problems."""
-        return _aio.run_sync(self.areset(seed=seed, options=options))
+        return aio.run_sync(self.areset(seed=seed, options=options))
 
     def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict]:
-        return _aio.run_sync(self.astep(actions))
+        return aio.run_sync(self.astep(actions))
 
     async def areset(
         self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
@@ -211,6 +212,8 @@ def _rows(rows: Any, n: int) -> list[dict[str, Any] | None]:
         if row is not None and not isinstance(row, dict):
             got = type(row).__name__
             raise ValueError(f"options['rows'][{i}] must be a {{problem, answer}} dict or None, got {got}")
+        if row is not None:
+            check_row(row, f"options['rows'][{i}]")
     return list(rows)
 
 

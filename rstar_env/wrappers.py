@@ -1,4 +1,4 @@
-"""The env's own API on the outside of gymnasium's wrappers.
+"""The env's own API on the outside of gymnasium's wrappers, and a step limit the env scores.
 
 Gymnasium's wrappers (the env checker, ``OrderEnforcing``, ``TimeLimit``) take ``step(action)`` alone and have no
 async methods. :class:`EnvAPI` goes outside them, ``env = EnvAPI(gym.make("rstar_env/MathTool-v0", ...))``, and
@@ -11,6 +11,12 @@ gives back what they hide:
 
 It is not part of the registration: gymnasium's ``make_vec`` refuses a registered ``additional_wrappers`` in its
 ``vector_entry_point`` mode, which is this env's fast vector path.
+
+**Step limits.** Gymnasium's ``TimeLimit`` truncates from the outside: the env never learns of it, so the step it
+cuts is not scored. The env scores a step limit it is told about: ``max_episode_steps`` as an env option (every
+episode), or ``reset(options={..., "max_episode_steps": n})`` (one episode). :class:`ScoredTimeLimit` is a
+``TimeLimit`` that tells it so at each reset, and :class:`EnvAPI` does the same for the gymnasium ``TimeLimit`` that
+``gym.make(..., max_episode_steps=n)`` puts under it (read from its public ``spec``).
 """
 
 from __future__ import annotations
@@ -24,7 +30,35 @@ from typing import Any, SupportsFloat
 import gymnasium
 from gymnasium.utils import RecordConstructorArgs
 
+from rstar_env.env import STEP_LIMIT_OPTION
 from rstar_env.spaces import TokenAction
+
+
+def with_step_limit(options: dict[str, Any] | None, limit: int | None) -> dict[str, Any] | None:
+    """``options`` for ``reset`` with the episode's step limit lowered to ``limit`` (the smaller one holds)."""
+    if limit is None:
+        return options
+    merged = dict(options or {})
+    given = merged.get(STEP_LIMIT_OPTION)
+    merged[STEP_LIMIT_OPTION] = limit if given is None else min(given, limit)
+    return merged
+
+
+class ScoredTimeLimit(gymnasium.wrappers.TimeLimit):
+    """Gymnasium's ``TimeLimit`` whose cut step the env scores as at its turn limit (``end_reason ==
+    "time_limit"``): each ``reset`` passes the limit down as the ``max_episode_steps`` reset option.
+
+        env = ScoredTimeLimit(gym.make("rstar_env/MathTool-v0"), max_episode_steps=8)
+    """
+
+    def __init__(self, env: gymnasium.Env, max_episode_steps: int) -> None:
+        super().__init__(env, max_episode_steps)
+        self.max_episode_steps = max_episode_steps
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        return super().reset(seed=seed, options=with_step_limit(options, self.max_episode_steps))
 
 
 class EnvAPI(gymnasium.Wrapper, RecordConstructorArgs):
@@ -34,6 +68,12 @@ class EnvAPI(gymnasium.Wrapper, RecordConstructorArgs):
         RecordConstructorArgs.__init__(self)
         gymnasium.Wrapper.__init__(self, env)
         self._executor: ThreadPoolExecutor | None = None
+        self._step_limit = _gymnasium_time_limit_below(env)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        return self.env.reset(seed=seed, options=with_step_limit(options, self._step_limit))
 
     def step(
         self, action: Any, *, token_ids: Sequence[int] | None = None, logprobs: Sequence[float] | None = None
@@ -49,7 +89,7 @@ class EnvAPI(gymnasium.Wrapper, RecordConstructorArgs):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        return await self._in_thread(lambda: self.env.reset(seed=seed, options=options))
+        return await self._in_thread(lambda: self.reset(seed=seed, options=options))
 
     async def astep(
         self, action: Any, *, token_ids: Sequence[int] | None = None, logprobs: Sequence[float] | None = None
@@ -74,3 +114,23 @@ class EnvAPI(gymnasium.Wrapper, RecordConstructorArgs):
         state = dict(self.__dict__)
         state["_executor"] = None  # threads do not travel; a copy starts its own
         return state
+
+
+def _gymnasium_time_limit_below(env: gymnasium.Env) -> int | None:
+    """The smallest limit of gymnasium ``TimeLimit`` wrappers in ``env``'s stack that do not tell the env
+    themselves, read from each one's public ``spec``; ``None`` for none. A ``TimeLimit`` without a spec (wrapped by
+    hand around an env not built by ``make``) cannot be read: it is named in a warning."""
+    limits: list[int] = []
+    layer: Any = env
+    while isinstance(layer, gymnasium.Wrapper):
+        if isinstance(layer, gymnasium.wrappers.TimeLimit) and not isinstance(layer, ScoredTimeLimit):
+            spec = layer.spec
+            if spec is not None and spec.max_episode_steps is not None:
+                limits.append(int(spec.max_episode_steps))
+            else:
+                gymnasium.logger.warn(
+                    "EnvAPI: a gymnasium TimeLimit in this stack has no spec to read its limit from, so the step it "
+                    "cuts will not be scored; use rstar_env.wrappers.ScoredTimeLimit instead"
+                )
+        layer = layer.env
+    return min(limits) if limits else None

@@ -1,4 +1,4 @@
-"""Datasets: file loaders, field mapping, filters, presets, the hub path, and the generated offline sets."""
+"""Datasets: file loaders, field mapping, filters, row formats, the hub path, and the generated offline sets."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from statistics import mean
 import pytest
 
 from rstar_env.data import (
-    PRESETS,
+    ROW_FORMATS,
     WORD_TEMPLATES,
     DataError,
     Dataset,
@@ -170,7 +170,7 @@ def test_dapo_parquet_end_to_end(tmp_path):
     rows = [dapo_row("Find $x$ if $2x = 10$.", "5", "id-1")] * 3 + [dapo_row("Compute $3^3$.", "27", "id-2")]
     path = tmp_path / "dapo-math-17k.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
-    ds = load_dataset(path, preset="dapo")
+    ds = load_dataset(path, row_format="dapo")
     assert [(p.problem, p.answer, p.id) for p in ds] == [
         ("Find $x$ if $2x = 10$.", "5", "id-1"),
         ("Compute $3^3$.", "27", "id-2"),
@@ -218,6 +218,27 @@ def test_missing_field_error_names_line_and_fields(tmp_path):
         load_dataset(path, fields={"answer": "solution"})
 
 
+def test_non_string_fields_are_refused_naming_the_row_and_field():
+    # Python's Ellipsis, left from a `{"problem": ..., "answer": ...}` template, must not become "Ellipsis".
+    with pytest.raises(DataError, match=r"row 0: the problem \(field 'problem'\) is `\.\.\.` \(Python's Ellipsis"):
+        load_dataset([{"problem": ..., "answer": "1"}])
+    with pytest.raises(DataError, match=r"row 1: the answer field 'answer' is `\.\.\.`.*string or a number"):
+        load_dataset([{"problem": "1 + 1?", "answer": "2"}, {"problem": "2 + 2?", "answer": ...}])
+    for bad in (True, {"value": 4}, ["4", "5"], object(), float("nan")):
+        with pytest.raises(DataError, match=r"row 0: the answer field 'answer' is"):
+            load_dataset([{"problem": "2 + 2?", "answer": bad}])
+    with pytest.raises(DataError, match=r"the id field 'id' is a dict \(\{'n': 1\}\)"):
+        load_dataset([{"problem": "2 + 2?", "answer": "4", "id": {"n": 1}}])
+    with pytest.raises(DataError, match=r"problem's last user message \(field 'prompt'\) is a list"):
+        load_dataset([{"prompt": [{"role": "user", "content": ["2 + 2?"]}], "answer": "4"}])
+    # Numbers are answers and ids; a one-element list is its element.
+    ds = load_dataset([{"problem": "2 + 2?", "answer": 4, "id": 7}, {"problem": "1/2?", "answer": [0.5]},
+                       {"problem": "6 / 2?", "answer": 3.0}])
+    assert [(p.answer, p.id) for p in ds][:1] == [("4", "7")] and [p.answer for p in ds][1:] == ["0.5", "3"]
+    skipped = load_dataset([{"problem": ..., "answer": "1"}, {"problem": "ok?", "answer": "1"}], on_bad_row="skip")
+    assert skipped.stats["bad_rows"] == 1 and "Ellipsis" in skipped.bad_rows[0]
+
+
 def test_bad_rows_name_the_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps(ROWS[0]) + "\n{not json\n", encoding="utf-8")
@@ -239,8 +260,8 @@ def test_unknown_sources_and_unsupported_files(tmp_path):
         load_dataset(tmp_path / "d.csv")
     with pytest.raises(DataError, match="is a directory"):
         load_dataset(tmp_path)
-    with pytest.raises(DataError, match="unknown preset 'gsm'"):
-        load_dataset(ROWS, preset="gsm")
+    with pytest.raises(DataError, match="unknown row format 'gsm'"):
+        load_dataset(ROWS, row_format="gsm")
 
 
 # ------------------------------------------------------------------------------------------------ filters
@@ -327,7 +348,7 @@ def test_limit_and_deterministic_shuffle():
     assert a.ids != load_dataset(rows, limit=10).ids
 
 
-# ------------------------------------------------------------------------------------------------ presets
+# ---------------------------------------------------------------------------------------------- row formats
 
 
 def test_strip_dapo_boilerplate_variants():
@@ -343,27 +364,45 @@ def test_strip_dapo_boilerplate_variants():
     assert strip_dapo_boilerplate("Find $f(3)$.") == "Find $f(3)$."
 
 
+def test_former_preset_names_still_work_with_a_warning():
+    import rstar_env.data as data
+    from rstar_env.config import ConfigError, load_config
+
+    rows = [{"problem": "p", "answer": "060"}]
+    with pytest.warns(DeprecationWarning, match=r"load_dataset\(preset=...\) is now load_dataset\(row_format=...\)"):
+        assert load_dataset(rows, preset="aime")[0].answer == "60"
+    with pytest.warns(DeprecationWarning, match=r"rstar_env\.data\.PRESETS is now rstar_env\.data\.ROW_FORMATS"):
+        assert data.PRESETS is ROW_FORMATS
+    with pytest.warns(DeprecationWarning, match=r"rstar_env\.data\.Preset is now rstar_env\.data\.RowFormat"):
+        assert data.Preset is data.RowFormat
+    with pytest.warns(DeprecationWarning, match=r"dataset\.preset is now dataset\.row_format"):
+        spec = load_config({"dataset": {"source": "arithmetic", "preset": "aime"}}).dataset
+    assert spec.row_format == "aime" and "preset" not in spec.model_dump()
+    with pytest.raises(ConfigError, match=r"give row_format only"):
+        load_config({"dataset": {"source": "arithmetic", "preset": "aime", "row_format": "dapo"}})
+
+
 def test_dapo_preset_on_real_row_shape():
     rows = [
         dapo_row("Compute $1+1$.", "2", "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"),
         dapo_row("Compute $1+1$.", "2", "another-uuid"),  # DAPO repeats problems under fresh uuids
         dapo_row("What is $\\binom{5}{2}$?", "10", "c3"),
     ]
-    ds = load_dataset(rows, preset="dapo")
+    ds = load_dataset(rows, row_format="dapo")
     assert [(p.problem, p.answer, p.id) for p in ds] == [
         ("Compute $1+1$.", "2", "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"),
         ("What is $\\binom{5}{2}$?", "10", "c3"),
     ]
-    # The default preset, "auto", recognises DAPO rows; preset=None leaves the instructions in place.
+    # The default row format, "auto", recognises DAPO rows; row_format=None leaves the instructions in place.
     assert load_dataset(rows).to_list() == ds.to_list()
-    raw = load_dataset(rows, preset=None, dedup=False)
+    raw = load_dataset(rows, row_format=None, dedup=False)
     assert raw[0].problem.startswith("Solve the following math problem") and raw[0].answer == "2"
 
 
 def test_dapo_preset_on_processed_copy():
     # open-r1/DAPO-Math-17k-Processed: a bare string prompt and the answer in `solution`.
     rows = [{"prompt": "In triangle $ABC$ ... find $a+b+c$.", "solution": "34", "data_source": "math_dapo"}]
-    ds = load_dataset(rows, preset="dapo")
+    ds = load_dataset(rows, row_format="dapo")
     assert (ds[0].problem, ds[0].answer) == ("In triangle $ABC$ ... find $a+b+c$.", "34")
 
 
@@ -380,15 +419,15 @@ def test_aime_preset_ids_and_answers():
         {"ID": "1983-1", "Question": "Let $x$, $y$ and $z$ all exceed 1 ...", "Answer": "060"},
         {"Year": 2020, "Part": "I", "Problem Number": 3, "Question": "A positive integer ...", "Answer": 7},
     ]
-    ds = load_dataset(rows, preset="aime")
+    ds = load_dataset(rows, row_format="aime")
     assert ds.ids == ["2024-I-1", "2023-II-15", "1983-1", "2020-I-3"]
     assert [p.answer for p in ds] == ["204", "23", "60", "7"]
     assert ds[2].metadata["raw_answer"] == "060"
-    assert PRESETS["aime"].name == "aime"
+    assert ROW_FORMATS["aime"].name == "aime"
     with pytest.raises(DataError, match=r"row 0: AIME answers are integers 0-999, got '1/2'"):
-        load_dataset([{"problem": "p", "answer": "1/2"}], preset="aime")
+        load_dataset([{"problem": "p", "answer": "1/2"}], row_format="aime")
     with pytest.raises(DataError, match="got '1000'"):
-        load_dataset([{"problem": "p", "answer": "1000"}], preset="aime")
+        load_dataset([{"problem": "p", "answer": "1000"}], row_format="aime")
 
 
 # ------------------------------------------------------------------------------- optional dependencies / hub
@@ -684,7 +723,7 @@ def test_preset_name_reads_the_presets_hub_dataset(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake_load))
     ds = load_dataset("aime")
-    assert calls == [(PRESETS["aime"].hub, None, "train")]
+    assert calls == [(ROW_FORMATS["aime"].hub, None, "train")]
     assert (ds[0].answer, ds[0].id) == ("42", "2024-I-3")  # read with the aime preset itself
 
 

@@ -16,10 +16,10 @@ import pytest
 from rstar_env.format import MARKER_BREAK, neutralize_markers
 from rstar_env.rollout.openai import OpenAIPolicy
 from rstar_env.rollout.policy import Request
-from rstar_env.rollout.replay_server import ReplayServer, reply
 from rstar_env.testing import answer, python_call, raw_tool_call, tool_call
 from rstar_env.tool import EpisodeContext, function_schema
 from rstar_env.trajectory import RewardResult, ToolResult
+from rstar_env_testkit.replay_server import ReplayServer, reply
 
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
 BRACKETS = "<tool_call>" + "[" * 100000 + "]" * 100000
@@ -194,3 +194,65 @@ def test_an_endpoint_never_receives_forged_turns(math_env, native):
     else:
         assert sent[2]["content"].count("<tool_call>") == 1  # the model's real call stays a call
         assert sent[3]["content"] == f"<tool_response>\n{neutralize_markers(FORGED_TURN)}\n</tool_response>"
+
+
+# -- the training data: model code run by the env's python tool finds none of it ----------------------------------
+ENV_DATA_ATTACK = r"""
+import json, sys
+import gymnasium
+from rstar_env import ENV_ID
+from rstar_env.testing import python_call
+
+folders = json.loads(sys.argv[1])
+code = f'''
+import os
+seen = []
+for top in {folders!r}:
+    for root, _dirs, files in os.walk(top):
+        for name in files:
+            try:
+                seen.append(open(os.path.join(root, name)).read())
+            except OSError:
+                pass
+print("searched", len(seen), seen)
+'''
+env = gymnasium.make(ENV_ID, tools=["python"], reward="math", max_turns=3)
+try:
+    row = json.loads(open("data.jsonl").readline())
+    env.reset(options=row)
+    obs, reward, terminated, truncated, info = env.step(python_call(code))
+    print(json.dumps(obs))
+finally:
+    env.close()
+"""
+
+
+def test_tool_code_finds_no_training_data_beside_the_script_or_in_the_working_directory():
+    """``cd ~/exp && python scripts/train.py`` (``sys.path[0]`` is ``scripts``), data in both folders and on
+    ``PYTHONPATH``: the model's code, run through ``gym.make`` + ``step``, cannot read the current answer."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    secret = str(10**12 + uuid.uuid4().int % 10**12)
+    exp = Path(tempfile.mkdtemp(prefix="rstar-exp-", dir=os.path.expanduser("~")))  # a user's folder, not /tmp
+    try:
+        scripts, libs = exp / "scripts", exp / "libs"
+        scripts.mkdir()
+        libs.mkdir()
+        for folder in (exp, scripts, libs):
+            (folder / "data.jsonl").write_text(json.dumps({"problem": "What is 10**12 + x?", "answer": secret}) + "\n")
+        (scripts / "train.py").write_text(ENV_DATA_ATTACK)
+        done = subprocess.run([sys.executable, str(scripts / "train.py"), json.dumps([str(exp)])], cwd=exp,
+                              env={**os.environ, "PYTHONPATH": str(libs)}, capture_output=True, text=True,
+                              timeout=180)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        obs = json.loads(done.stdout.strip().splitlines()[-1])
+        assert "searched" in obs  # the tool ran
+        assert secret not in obs
+    finally:
+        shutil.rmtree(exp, ignore_errors=True)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rstar_env.cli import main
 from rstar_env.rollout.evaluate import read_trajectories
 from rstar_env.rollout.openai import OpenAIPolicy
-from rstar_env.rollout.replay_server import ReplayServer, disconnect, reply
+from rstar_env_testkit.replay_server import ReplayServer, disconnect, reply
 
 ROWS, SAMPLES, SERVED = 12, 2, 10
 RIGHT = reply("<answer>\\boxed{7}</answer>")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rstar_env.rollout.evaluate import evaluate, read_trajectories
+from rstar_env.rollout.evaluate import EvalResumeError, evaluate, model_identity, read_trajectories
 from rstar_env.rollout.metrics import has_answer_format, pass_at_k, summarize
 from rstar_env.rollout.policy import Generation
 from rstar_env.testing import answer, tool_call
@@ -93,3 +93,54 @@ def test_evaluate_writes_and_resumes(tmp_path, echo_plugins):
     assert policy.calls - first_calls == 2 * 2  # only id2's two samples ran, two turns each
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines() if line.startswith('{"id"')]
     assert sorted(ids) == ["id0", "id0", "id1", "id1", "id2", "id2"]
+
+
+def test_resume_covers_only_this_runs_selection(tmp_path, echo_plugins):
+    rows = [{"problem": f"p{i}", "answer": str(i), "id": f"id{i}"} for i in range(3)]
+    out = tmp_path / "eval.jsonl"
+    options = {"tools": ["echo"], "reward": "exact_test", "max_turns": 3}
+    policy = OraclePolicy()
+    asyncio.run(evaluate(policy, rows, samples=2, out=out, width=3, **options))
+    calls = policy.calls
+    # --limit 2 on a file holding three problems: two problems' episodes, none run again.
+    summary = asyncio.run(evaluate(policy, rows[:2], samples=1, out=out, width=3, **options))
+    assert summary["episodes"] == 2 and summary["problems"] == 2 and summary["resumed"] == 2
+    assert policy.calls == calls
+    # The same ids for other problems (another dataset) are not this run's episodes: they run.
+    other = [{"problem": f"q{i}", "answer": str(i), "id": f"id{i}"} for i in range(2)]
+    summary = asyncio.run(evaluate(policy, other, samples=1, out=out, width=3, **options))
+    assert summary["resumed"] == 0 and summary["episodes"] == 2 and policy.calls > calls
+
+
+def test_resume_never_crosses_models(tmp_path, echo_plugins):
+    rows = [{"problem": f"p{i}", "answer": str(i), "id": f"id{i}"} for i in range(2)]
+    out = tmp_path / "eval.jsonl"
+    options = {"tools": ["echo"], "reward": "exact_test", "max_turns": 3}
+    a, b = {"model": "model-a", "hash": "aaaa"}, {"model": "model-b", "hash": "bbbb"}
+    asyncio.run(evaluate(OraclePolicy(), rows, out=out, model=a, **options))
+    assert all(t.metadata["model"] == a for t in read_trajectories(out))
+    before = out.read_text()
+    with pytest.raises(EvalResumeError, match=r"'model-a' \(weights aaaa\).*'model-b' \(weights bbbb\)"):
+        asyncio.run(evaluate(OraclePolicy(), rows, out=out, model=b, **options))
+    assert out.read_text() == before  # nothing ran, nothing was written
+    # Same name, other weights (a directory retrained in place): another model too.
+    with pytest.raises(EvalResumeError):
+        asyncio.run(evaluate(OraclePolicy(), rows, out=out, model={"model": "model-a", "hash": "cccc"}, **options))
+    summary = asyncio.run(evaluate(OraclePolicy(), rows, out=out, model=a, **options))
+    assert summary["resumed"] == 2
+
+
+def test_model_identity_hashes_weights_and_config(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(b"weights-1")
+    (model / "tokenizer.json").write_text("{}")
+    first = model_identity(str(model))
+    assert first["model"] == str(model) and len(first["hash"]) == 16
+    (model / "tokenizer.json").write_text('{"x": 1}')  # not weights or config
+    assert model_identity(str(model)) == first
+    (model / "model.safetensors").write_bytes(b"weights-2")
+    assert model_identity(str(model))["hash"] != first["hash"]
+    served = model_identity(served_model="m", endpoints=["http://h:1/v1"])
+    assert served == {"model": "m", "endpoint": "http://h:1/v1"}

@@ -16,12 +16,12 @@ import warnings
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
-from gymnasium.wrappers import RecordEpisodeStatistics, TimeLimit
+from gymnasium.wrappers import RecordEpisodeStatistics
 
 from rstar_env import ENV_ID, TokenAction
 from rstar_env.env import MathToolEnv
 from rstar_env.testing import answer, tool_call
-from rstar_env.wrappers import EnvAPI
+from rstar_env.wrappers import EnvAPI, ScoredTimeLimit
 
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
 
@@ -107,26 +107,96 @@ def test_token_action_and_keywords_must_agree(math_env, echo_plugins):
         TokenAction("x", token_ids=[1, 2], logprobs=[0.0])
 
 
-@pytest.mark.parametrize("how", ["make", "by hand"])
+@pytest.mark.parametrize("how", ["env option", "reset option", "ScoredTimeLimit", "EnvAPI over make"])
 def test_time_limit_truncation_is_scored_and_named(make, how):
-    env = make(max_episode_steps=2) if how == "make" else TimeLimit(make(), 2)
-    env.reset(options=PROBLEM)
+    options = dict(PROBLEM)
+    if how == "env option":
+        env = MathToolEnv(tools=["echo"], reward="exact_test", max_episode_steps=2)
+    elif how == "reset option":
+        env = make()
+        options["max_episode_steps"] = 2
+    elif how == "ScoredTimeLimit":
+        env = ScoredTimeLimit(make(), 2)
+    else:
+        env = EnvAPI(make(max_episode_steps=2))  # reads the limit of the TimeLimit that make added, from its spec
+    env.reset(options=options)
     _, _, _, truncated, info = env.step(tool_call("echo", text="x"))
     assert not truncated and info["end_reason"] is None
     # The cut step holds a tool call and an answer: scored by the env's rules, like the turn limit.
     _, reward, terminated, truncated, info = env.step(tool_call("echo", text="y") + answer(42))
     assert (reward, terminated, truncated, info["end_reason"]) == (1.0, False, True, "time_limit")
     assert info["trajectory"].reward_result.reason == "match" and info["trajectory"].truncated
-    env.reset(options=PROBLEM)  # a new episode starts from a fresh count
+    env.reset(options=options)  # a new episode starts from a fresh count
     _, _, _, truncated, info = env.step(tool_call("echo", text="x"))
     assert not truncated and info["end_reason"] is None
+    env.close()
 
 
-def test_async_api_after_a_wrapped_reset_keeps_the_time_limit(make):
+def test_a_reset_option_limits_that_episode_only(make):
+    env = make().unwrapped
+    env.reset(options={**PROBLEM, "max_episode_steps": 1})
+    assert env.time_limit == 1
+    env.reset(options=PROBLEM)
+    assert env.time_limit is None
+    with pytest.raises(ValueError, match=r"max_episode_steps.*positive int"):
+        env.reset(options={**PROBLEM, "max_episode_steps": 0})
+
+
+def test_gymnasiums_own_time_limit_truncates_from_outside_unscored(make):
+    # The env never looks for the wrappers around it: a bare gymnasium TimeLimit cuts without the env knowing.
     env = make(max_episode_steps=1)
+    env.reset(options=PROBLEM)
+    _, reward, _, truncated, info = env.step(tool_call("echo", text="y") + answer(42))
+    assert (reward, truncated, info["end_reason"]) == (0.0, True, None)
+
+
+def test_async_api_after_a_scored_reset_keeps_the_time_limit(make):
+    env = ScoredTimeLimit(make(), 1)
     env.reset(options=PROBLEM)
     obs, _, _, truncated, info = env.unwrapped.step(tool_call("echo", text="x"))
     assert (truncated, info["end_reason"], obs) == (True, "time_limit", "")
+
+    async def episode():
+        await env.unwrapped.areset(options={**PROBLEM, "max_episode_steps": 1})  # areset reads it as reset does
+        return await env.unwrapped.astep(tool_call("echo", text="x"))
+
+    _, _, _, truncated, info = asyncio.run(episode())
+    assert (truncated, info["end_reason"]) == (True, "time_limit")
+
+
+def test_dropped_env_frees_its_sandbox_pool_under_pytest():
+    """``del env; gc.collect()`` in a test function frees the env and every process of its sandbox pool."""
+    import gc
+    import time
+    import weakref
+
+    psutil = pytest.importorskip("psutil")
+    me = psutil.Process()
+
+    def alive() -> set[int]:
+        pids = set()
+        for p in me.children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    pids.add(p.pid)
+            except psutil.NoSuchProcess:
+                pass
+        return pids
+
+    before = alive()
+    env = gymnasium.make(ENV_ID, tools=["python"], reward="math")
+    env.reset(options={"problem": "p", "answer": "1"})
+    assert "4913" in env.step(tool_call("python", code="17 ** 3"))[0]
+    started = alive() - before
+    assert started, "the sandbox pool did not start"
+    ref = weakref.ref(env.unwrapped)
+    del env
+    gc.collect()
+    assert ref() is None, f"the env is still referenced by: {[type(r).__name__ for r in gc.get_referrers(ref())]}"
+    deadline = time.monotonic() + 20
+    while alive() & started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive() & started, f"{len(alive() & started)} of the pool's {len(started)} processes outlived it"
 
 
 def test_pickle_and_deepcopy_keep_config_dataset_and_seed_state(make):

@@ -12,8 +12,8 @@ import pytest
 from rstar_env.format import DEFAULT_SYSTEM_PROMPT, format_tool_call
 from rstar_env.rollout.openai import OpenAIPolicy
 from rstar_env.rollout.policy import Generation, Policy, Request, SamplingParams
-from rstar_env.rollout.replay_server import ReplayServer, disconnect, fault, reply, slow, validate_messages
 from rstar_env.trajectory import ToolCall, ToolResult, Trajectory, Turn
+from rstar_env_testkit.replay_server import ReplayServer, disconnect, fault, reply, slow, validate_messages
 
 DATA = Path(__file__).parent / "data"
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
@@ -314,3 +314,16 @@ def test_missing_httpx_names_the_extra(monkeypatch):
 def test_invalid_settings_are_rejected():
     with pytest.raises(ValueError, match="max_concurrency"):
         OpenAIPolicy("http://127.0.0.1:9/v1", "m", max_concurrency=0)
+
+
+def test_a_request_s_own_seed_is_sent_whatever_the_order(server):
+    """The collector's per-request seed goes to the server as is (vLLM seeds that request alone), so a rerun that
+    sends the requests in another order asks for the same draws; requests without one fall back to seed + n."""
+    server.add(*(reply(f"r{i}") for i in range(5)))
+    policy = OpenAIPolicy(server.base_url, "m", sampling=SamplingParams(seed=7), **FAST)
+    traj = Trajectory(problem="What is 6 * 7?", answer="42")
+    generate(policy, [Request(traj, seed=123456789012345), Request(traj, seed=5)])
+    generate(policy, [Request(traj, seed=5), Request(traj, seed=123456789012345), Request(traj)])
+    seeds = [r["seed"] for r in server.requests]
+    assert sorted(seeds[:2]) == sorted(seeds[2:4]) == [5, 123456789012345]
+    assert seeds[4] == 7 + 4  # no seed of its own: the policy's seed + n

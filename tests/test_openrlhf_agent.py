@@ -1,6 +1,6 @@
 """Our AgentExecutor driven by OpenRLHF's real MultiTurnAgentExecutor.execute, with the real SmolLM2 on CPU.
 
-The engine is :class:`rstar_trainers.openrlhf.testing.CPUEngine` (OpenRLHF's engine interface, a local model).
+The engine is :class:`rstar_env_testkit.openrlhf_stubs.CPUEngine` (OpenRLHF's engine interface, a local model).
 Turns can be scripted so the small model calls a tool on cue; scripted tokens are still scored by the model.
 """
 
@@ -50,9 +50,10 @@ def plugins(echo_plugins):
 
 @pytest.fixture
 def agent():
-    from rstar_trainers.openrlhf import agent_func, testing
+    from rstar_env_testkit import openrlhf_stubs
+    from rstar_trainers.openrlhf import agent_func
 
-    return agent_func, testing
+    return agent_func, openrlhf_stubs
 
 
 def run_config(tools=("echo",), **trainer: Any):
@@ -87,7 +88,7 @@ def experience_of(result):
     """The Experience OpenRLHF's own SamplesGenerator builds from an executor result (its real code)."""
     import importlib
 
-    from rstar_trainers.openrlhf.testing import cpu_stub_modules
+    from rstar_env_testkit.openrlhf_stubs import cpu_stub_modules
 
     saved = {name: sys.modules.get(name) for name in cpu_stub_modules()}
     dropped = {n: m for n, m in sys.modules.items() if n.startswith("openrlhf.trainer")}

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rstar_trainers.openrlhf import cpu_standins  # noqa: E402
+from rstar_env_testkit import cpu_standins  # noqa: E402
 
 
 def free_port() -> int:

@@ -5,7 +5,7 @@ submit`` needs Ray's dashboard (``ray[default]``), which this machine does not h
 entrypoint the way Ray's job supervisor does: on a real local Ray cluster (``RAY_ADDRESS``), with the command's
 ``--runtime-env-json`` as the job config (``RAY_JOB_CONFIG_JSON_ENV_VAR``), so the driver and every worker get our
 ``worker_process_setup_hook`` and ``RSTAR_ENV_CONFIG`` from it. vLLM and OpenRLHF's CUDA-only calls are replaced
-by :mod:`rstar_trainers.openrlhf.cpu_standins` (its docstring lists every replaced function), installed in every
+by :mod:`rstar_env_testkit.cpu_standins` (its docstring lists every replaced function), installed in every
 process through a ``sitecustomize`` on ``PYTHONPATH``; the rest is OpenRLHF's code and DeepSpeed on its ``cpu``
 accelerator.
 """
@@ -28,7 +28,7 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
 
-from rstar_trainers.openrlhf.cpu_standins import EVIDENCE_ENV, SCRIPT_ENV, read_evidence, write_site_dir  # noqa: E402
+from rstar_env_testkit.cpu_standins import EVIDENCE_ENV, SCRIPT_ENV, read_evidence, write_site_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def step_logs(text: str) -> dict[int, dict]:
 def checksum_of_saved(model_dir: Path, name: str) -> float:
     from safetensors import safe_open
 
-    from rstar_trainers.openrlhf.cpu_standins import checksum
+    from rstar_env_testkit.cpu_standins import checksum
 
     for shard in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:

@@ -83,8 +83,8 @@ def _fresh(name: str) -> bool:
 
 @pytest.fixture
 def sg(monkeypatch):
+    from rstar_env_testkit.openrlhf_stubs import cpu_stub_modules
     from rstar_trainers.openrlhf import patch
-    from rstar_trainers.openrlhf.testing import cpu_stub_modules
 
     patch.uninstall()
     for name in [n for n in sys.modules if _fresh(n)]:

@@ -1,6 +1,6 @@
 """The RoC samples generator on fabricated rollouts, through OpenRLHF's real SamplesGenerator code.
 
-vLLM and Ray are replaced by the stand-ins of ``rstar_trainers.openrlhf.testing`` (as OpenRLHF's own tests do);
+vLLM and Ray are replaced by the stand-ins of ``rstar_env_testkit.openrlhf_stubs`` (as OpenRLHF's own tests do);
 the engines return fabricated executor results, which OpenRLHF's real ``_process_response_into_experience`` turns
 into Experiences.
 """
@@ -30,8 +30,8 @@ def _fresh(name: str) -> bool:
 @pytest.fixture
 def sg(monkeypatch):
     """Fresh imports of OpenRLHF's samples generator and ours, against the CPU stand-ins; undone afterwards."""
+    from rstar_env_testkit.openrlhf_stubs import cpu_stub_modules
     from rstar_trainers.openrlhf import patch
-    from rstar_trainers.openrlhf.testing import cpu_stub_modules
 
     patch.uninstall()
     for name in [n for n in sys.modules if _fresh(n)]:

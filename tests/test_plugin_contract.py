@@ -461,7 +461,7 @@ def test_a_provider_with_a_misspelt_hook_or_a_non_class_is_refused_whole():
 def test_eval_exits_1_on_a_raising_verifier_and_reruns_after_a_fix(careless, tmp_path):
     import json
 
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n"
@@ -496,7 +496,7 @@ def test_cancelling_a_step_cancels_the_tool_call_it_waits_for(careless, math_env
             await env.areset(options=PROBLEM)
             step = asyncio.ensure_future(env.astep(tool_call("sleepy")))
             await asyncio.sleep(0.1)
-            calls = [t for t in asyncio.all_tasks() if t is not step and "Sleepy.call" in repr(t.get_coro())]
+            calls = [t for t in asyncio.all_tasks() if t is not step and t.get_name() == "tool 'sleepy' call"]
             assert len(calls) == 1
             step.cancel()
             with pytest.raises(asyncio.CancelledError):

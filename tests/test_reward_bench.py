@@ -1,4 +1,4 @@
-"""``rstar-env bench reward``: runs end to end and reports both workloads both ways."""
+"""``rstar-env bench reward``: runs end to end and reports every workload both ways, and the agreement figures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from rstar_env.bench import reward as bench
-from rstar_env.bench.reward import command, integer_pairs, symbolic_pairs
+from rstar_env.bench.reward import command, integer_pairs, load_cases, mixed_pairs, symbolic_pairs
 
 
 def test_pairs_are_distinct() -> None:
@@ -15,23 +15,39 @@ def test_pairs_are_distinct() -> None:
     assert len(set(symbolic_pairs(48))) == 48
 
 
+def test_mixed_pairs_are_the_labelled_set_framed() -> None:
+    cases = load_cases()
+    pairs = mixed_pairs(len(cases) + 5)
+    assert len(pairs) == len(cases) + 5
+    assert {(p[2], p[1]) for p in pairs} == {(c["pred"], str(c["gold"])) for c in cases}
+    assert all(response == f"<answer>{pred}</answer>" for response, _, pred in pairs)
+
+
 def test_bench_json() -> None:
-    result = CliRunner().invoke(command, ["--n-int", "400", "--n-sym", "12", "--workers", "1",
-                                          "--direct-budget", "0.5", "--rounds", "2", "--json"])
+    result = CliRunner().invoke(command, ["--n-int", "400", "--n-sym", "12", "--n-mix", "24", "--workers", "1",
+                                          "--direct-budget", "0.5", "--rounds", "2", "--no-agreement", "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
-    for workload in ("integer", "symbolic"):
+    assert figures["mixed"]["pairs"] == 24 and "agreement" not in figures
+    for workload in ("integer", "symbolic", "mixed"):
         row = figures[workload]
         assert row["rstar_env_per_s"] > 0 and row["direct_per_s"] > 0 and row["ratio"] > 0
     assert figures["integer"]["reasons"] == {"exact": 200, "mismatch": 200}
-    assert figures["symbolic"]["reasons"] == {"verified": 12}
+    symbolic = figures["symbolic"]["reasons"]  # all right; identical-looking ones are decided without math-verify
+    assert set(symbolic) <= {"verified", "exact"} and sum(symbolic.values()) == 12 and symbolic["verified"] >= 10
 
 
 def test_bench_table(monkeypatch) -> None:
     # Rendering only: the figures are canned, the measuring is covered above.
     row = {"pairs": 10, "rstar_env_per_s": 5000.0, "direct_per_s": 100.0, "ratio": 50.0, "reasons": {"exact": 10}}
-    canned = {"cpus": 2, "workers": 2, "pool_startup_s": 0.5, "integer": row, "symbolic": row}
+    canned = {"cpus": 2, "workers": 2, "load_avg": 1.0, "pool_startup_s": 0.5, "integer": row, "symbolic": row,
+              "mixed": row}
+    agree = {"split": "heldout", "cases": 10, "rows": [], "false_accepts_direct_avoids": [],
+             "rstar_env": {"agree": 10, "false_accepts": [], "false_rejects": []},
+             "direct": {"agree": 8, "false_accepts": ["a"], "false_rejects": ["b"]}}
     monkeypatch.setattr(bench, "run_bench", lambda **_: canned)
-    result = CliRunner().invoke(bench.command, [])
+    monkeypatch.setattr(bench, "agreement", lambda *_: dict(agree))
+    result = CliRunner().invoke(bench.command, [], terminal_width=160)
     assert result.exit_code == 0, result.output
-    assert "integer" in result.output and "symbolic" in result.output and "50.0x" in result.output
+    for text in ("integer", "symbolic", "mixed", "50.0x", "10/10", "8/10", "80.0"):
+        assert text in result.output, text

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rstar_plugins.rewards.normalize import Number, compare_numbers, parse_number
+from rstar_env.data.numbers import Number, compare_numbers, parse_number
 
 
 @pytest.mark.parametrize(

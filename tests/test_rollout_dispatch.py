@@ -236,7 +236,7 @@ def test_vllm_metrics_are_parsed():
 
 def test_capacity_and_live_usage_come_from_the_servers_metrics():
     pytest.importorskip("httpx")
-    from rstar_env.rollout.replay_server import ReplayServer
+    from rstar_env_testkit.replay_server import ReplayServer
 
     a = StubEngine("a")
     with ReplayServer() as server:
@@ -278,7 +278,7 @@ def test_capacity_and_live_usage_come_from_the_servers_metrics():
 
 def test_a_server_without_metrics_keeps_its_concurrency_limit():
     pytest.importorskip("httpx")
-    from rstar_env.rollout.replay_server import ReplayServer
+    from rstar_env_testkit.replay_server import ReplayServer
 
     a = StubEngine("a")
     with ReplayServer() as server:
@@ -311,7 +311,7 @@ def test_eval_over_two_endpoints_survives_one_dying(tmp_path):
     pytest.importorskip("httpx")
     from rstar_env.cli import main
     from rstar_env.rollout.evaluate import read_trajectories
-    from rstar_env.rollout.replay_server import ReplayServer, reply
+    from rstar_env_testkit.replay_server import ReplayServer, reply
 
     right = reply("<answer>\\boxed{7}</answer>", delay_s=0.02)
     data = tmp_path / "rows.jsonl"

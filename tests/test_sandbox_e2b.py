@@ -21,7 +21,7 @@ pytest.importorskip("e2b_code_interpreter")
 
 from rstar_env.sandbox import ExecResult, SandboxError, create_sandbox
 from rstar_env.sandbox.e2b import E2BSandbox, classify
-from rstar_env.sandbox.e2b_server import CodeInterpreterServer
+from rstar_env_testkit.e2b_server import CodeInterpreterServer
 
 FAST_RETRIES = {"backoff_s": 0.01, "max_backoff_s": 0.05, "seed": 0}
 
@@ -72,7 +72,13 @@ def test_missing_api_key_names_the_cause_and_the_fix(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     with pytest.raises(SandboxError, match="E2B_API_KEY") as caught:
         create_sandbox("e2b")
-    assert "local_server=True" in str(caught.value)
+    assert "E2B_DEBUG=true" in str(caught.value)  # the self-hosted alternative
+
+
+def test_no_option_starts_a_server_on_the_host() -> None:
+    # The protocol server runs code on the host with no isolation: only tests start it, never a config.
+    with pytest.raises(TypeError, match="local_server"):
+        E2BSandbox(debug=True, local_server=True)
 
 
 def test_classify_maps_sdk_errors() -> None:
@@ -148,8 +154,8 @@ def test_retry_budget_is_bounded(server: CodeInterpreterServer, make: Any) -> No
     server.inject("429", times=100, match="never")
     start = time.monotonic()
     result = run(box.execute("print('never')"))
-    assert result.status == "crashed"
-    assert result.error is not None and "3 attempts" in result.error and "429" in result.error
+    assert result.status == "crash"
+    assert result.message is not None and "3 attempts" in result.message and "429" in result.message
     assert time.monotonic() - start < 2.0
     server.clear_faults()
     assert run(box.execute("print('back')")).stdout == "back\n"
@@ -182,8 +188,8 @@ def test_a_dropped_connection_crashes_a_session_which_then_starts_fresh(
         return [first, dropped, after]
 
     first, dropped, after = run(scenario())
-    assert first.ok and dropped.status == "crashed" and "state is lost" in (dropped.error or "")
-    assert (after.status, after.error) == ("error", "NameError: name 'x' is not defined")
+    assert first.ok and dropped.status == "crash" and "state is lost" in (dropped.message or "")
+    assert (after.status, after.message) == ("exception", "NameError: name 'x' is not defined")
 
 
 def test_a_hung_request_times_out(server: CodeInterpreterServer, make: Any) -> None:
@@ -191,7 +197,7 @@ def test_a_hung_request_times_out(server: CodeInterpreterServer, make: Any) -> N
     server.inject("hang", match="hung")
     start = time.monotonic()
     result = run(box.execute("print('hung')", timeout_s=0.5))
-    assert result.status == "timeout" and result.error == "timed out after 0.5 s"
+    assert result.status == "timeout" and result.message == "timed out after 0.5 s"
     assert time.monotonic() - start < 1.5
     assert run(box.execute("print('fine')")).stdout == "fine\n"
 
@@ -220,7 +226,7 @@ def test_a_sandbox_killed_mid_call_is_crashed_and_replaced(server: CodeInterpret
 
     start = time.monotonic()
     result = run(scenario())
-    assert result.status == "crashed" and "died" in (result.error or "")
+    assert result.status == "crash" and "died" in (result.message or "")
     assert time.monotonic() - start < 3.0
     assert run(box.execute("print('new vm')")).stdout == "new vm\n"
     assert old not in box.sandboxes and len(box.sandboxes) == 1
@@ -237,8 +243,8 @@ def test_a_session_on_a_dead_sandbox_reports_lost_state_once(server: CodeInterpr
         return [await box.execute(code, session="ep") for code in ("y", "y", "y = 2\ny")]
 
     lost, fresh, again = run(scenario())
-    assert lost.status == "crashed" and "state is lost" in (lost.error or "")
-    assert (fresh.status, fresh.error) == ("error", "NameError: name 'y' is not defined")
+    assert lost.status == "crash" and "state is lost" in (lost.message or "")
+    assert (fresh.status, fresh.message) == ("exception", "NameError: name 'y' is not defined")
     assert again.stdout == "2\n"
 
 
@@ -261,8 +267,8 @@ def test_a_kernel_that_dies_is_crashed(make: Any) -> None:
         return [died, after, stateless]
 
     died, after, stateless = run(scenario())
-    assert died.status == "crashed" and stateless.status == "crashed"
-    assert (after.status, after.error) == ("error", "NameError: name 'z' is not defined")
+    assert died.status == "crash" and stateless.status == "crash"
+    assert (after.status, after.message) == ("exception", "NameError: name 'z' is not defined")
 
 
 def test_closing_during_a_call_returns_crashed(make: Any) -> None:
@@ -276,7 +282,7 @@ def test_closing_during_a_call_returns_crashed(make: Any) -> None:
 
     start = time.monotonic()
     result = run(scenario())
-    assert result.status == "crashed" and "closed" in (result.error or "")
+    assert result.status == "crash" and "closed" in (result.message or "")
     assert time.monotonic() - start < 8.0
     with pytest.raises(SandboxError, match="closed"):
         run(box.execute("print(1)"))
@@ -351,4 +357,4 @@ def test_live_e2b() -> None:  # pragma: no cover - needs an account
 
     factor, define, use, error, timeout = run(scenario())
     assert factor.stdout == "(x - 1)*(x + 1)\n" and define.ok and use.stdout == "42\n"
-    assert error.error == "ZeroDivisionError: division by zero" and timeout.status == "timeout"
+    assert error.message == "ZeroDivisionError: division by zero" and timeout.status == "timeout"

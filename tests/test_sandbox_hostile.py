@@ -4,8 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -35,13 +41,20 @@ def sandbox() -> Iterator[LocalSandbox]:
     box = LocalSandbox(
         timeout_s=TIMEOUT_S, max_concurrency=2, spares=2, memory_mb=1024, max_processes=32, isolation=isolation
     )
-    try:
-        box.start()
-    except SandboxError as exc:
-        pytest.skip(f"local sandbox unavailable: {exc}")
+    start_or_skip(box)
     yield box
     box.close()
     os.environ.pop(SECRET_NAME, None)
+
+
+def start_or_skip(box: LocalSandbox) -> None:
+    """Start ``box``; a sandbox that cannot start fails the suite under CI, and skips it elsewhere, saying why."""
+    try:
+        box.start()
+    except SandboxError as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true and the local sandbox cannot start: {exc}")
+        pytest.skip(f"local sandbox unavailable on this machine (set CI=true to fail instead): {exc}")
 
 
 def execute(box: LocalSandbox, code: str, **kwargs: Any) -> ExecResult:
@@ -295,12 +308,17 @@ def test_writes_outside_the_working_directory_fail(sandbox: LocalSandbox, tmp_pa
 
 
 def test_working_directory_is_private_and_removed(sandbox: LocalSandbox) -> None:
-    first = execute(sandbox, "import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())")
+    left = f"left-{uuid.uuid4().hex}.txt"
+    first = execute(sandbox, f"import os\nopen({left!r}, 'w').write('x')\nprint(os.getcwd())")
     second = execute(sandbox, "import os\nprint(os.getcwd(), os.listdir('.'))")
     where = first.stdout.strip()
-    assert first.ok and second.ok and where not in second.stdout and "left.txt" not in second.stdout
+    assert first.ok and second.ok and where not in second.stdout and left not in second.stdout
     time.sleep(0.2)
-    assert not Path(where).exists()
+    # The file is nowhere on the host: not at the path the code saw, nor anywhere in the pool's own folder.
+    zygote = sandbox.pool._zygote
+    assert zygote is not None
+    assert not (Path(where) / left).exists()
+    assert list(Path(zygote.base_dir).rglob(left)) == []
 
 
 def test_files_left_in_shared_memory_are_removed(sandbox: LocalSandbox) -> None:
@@ -736,10 +754,7 @@ def test_the_timeout_counts_from_the_start_and_the_wait_is_reported_apart(sandbo
 def default_sandbox() -> Iterator[LocalSandbox]:
     isolation = os.environ.get("RSTAR_TEST_SANDBOX_ISOLATION", "auto")
     box = LocalSandbox(timeout_s=5.0, isolation=isolation)  # default concurrency: many more calls than cores
-    try:
-        box.start()
-    except SandboxError as exc:
-        pytest.skip(f"local sandbox unavailable: {exc}")
+    start_or_skip(box)
     yield box
     box.close()
 
@@ -785,32 +800,345 @@ def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox)
     assert all(r.duration_s < 5.0 + SLACK_S and r.queue_s >= 0 for r, _ in done)
 
 
-def test_an_interpreter_under_tmp_is_refused_with_the_fix(monkeypatch):
-    """Each worker's /tmp is private and empty, so a venv there would vanish: named at start-up, not per call."""
-    from rstar_env.sandbox import SandboxError, _isolation
 
-    paths = ("/usr/lib/python3", "/tmp/venv/lib/python3.11/site-packages")
-    monkeypatch.setattr(_isolation, "visible_paths", lambda python=None: paths)
-    for kind in ("bwrap", "unshare"):
-        with pytest.raises(SandboxError, match=r"lives under /tmp \(/tmp/venv.*put the virtual environment elsewhere"):
-            _isolation.Isolation(kind, False, True, True).command("/x")
-    assert _isolation.Isolation("none", True, False, False).command("/x") == []
+# ------------------------------------------------------------------------ what a model could find and keep (round 3)
+
+DATA_ATTACK = r"""
+import asyncio, json, sys
+from rstar_env.sandbox import create_sandbox
+
+folders = json.loads(sys.argv[1])
+code = f'''
+import os
+seen = []
+for top in {folders!r}:
+    for root, _dirs, files in os.walk(top):
+        for name in files:
+            try:
+                seen.append(open(os.path.join(root, name)).read())
+            except OSError:
+                pass
+print("searched", len(seen), seen)
+'''
 
 
-def test_an_import_path_under_tmp_is_left_out_of_the_view_not_refused(monkeypatch):
-    """``python -m`` run from a directory under /tmp puts it on sys.path: the view drops it, the pool starts."""
-    import sys
+async def main():
+    async with create_sandbox("local") as box:
+        result = await box.execute(code, timeout_s=10)
+    print(json.dumps([result.status, result.stdout, result.stderr]))
 
-    from rstar_env.sandbox import _isolation
 
-    work = Path("/tmp") / f"rstar-cwd-{os.getpid()}"
-    work.mkdir(exist_ok=True)
+asyncio.run(main())
+"""
+
+
+def test_training_data_beside_the_script_in_the_cwd_or_on_pythonpath_does_not_come_back(tmp_path: Path) -> None:
+    """``cd ~/exp && python scripts/train.py`` with data beside the script, in the working directory and on
+    ``PYTHONPATH``, in a project checkout: the model's code must not find any of it."""
+    answer = f"answer-{uuid.uuid4().hex}"
+    exp = Path(tempfile_in_home())  # not under /tmp: a real user's folder, that the view must leave out
     try:
-        monkeypatch.setattr(sys, "path", [str(work), *sys.path])
-        _isolation.visible_paths.cache_clear()
-        paths = _isolation.visible_paths()
-        assert not any(p == str(work) or p.startswith("/tmp/") for p in paths), paths
-        assert _isolation.Isolation("unshare", False, True, True).command("/x")  # no SandboxError
+        (exp / "pyproject.toml").write_text("[project]\nname = 'exp'\n")
+        scripts, libs = exp / "scripts", exp / "libs"
+        scripts.mkdir()
+        libs.mkdir()
+        for folder in (exp, scripts, libs):
+            (folder / "data.jsonl").write_text(json.dumps({"problem": "1+1?", "answer": answer}) + "\n")
+        (scripts / "train.py").write_text(DATA_ATTACK)
+        env = {**os.environ, "PYTHONPATH": str(libs)}
+        done = subprocess.run(
+            [sys.executable, str(scripts / "train.py"), json.dumps([str(exp), str(scripts), str(libs)])],
+            cwd=exp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        status, stdout, _stderr = json.loads(done.stdout.strip().splitlines()[-1])
+        assert status == "ok" and stdout.startswith("searched"), (status, stdout)
+        assert answer not in stdout
     finally:
-        _isolation.visible_paths.cache_clear()
-        work.rmdir()
+        shutil.rmtree(exp, ignore_errors=True)
+
+
+def tempfile_in_home() -> str:
+    return tempfile.mkdtemp(prefix="rstar-exp-", dir=os.path.expanduser("~"))
+
+
+def skip_without_cgroups() -> None:
+    """Skip where this process cannot make a memory cgroup below its own (the sandbox then warns it has none)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = {c: path for _, cs, path in (line.rstrip().split(":", 2) for line in f) for c in cs.split(",")}
+        parent = f"/sys/fs/cgroup/memory{own['memory']}" if "memory" in own else f"/sys/fs/cgroup{own['']}"
+        probe = os.path.join(parent, f"rstar-test-probe-{uuid.uuid4().hex[:8]}")
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except (OSError, KeyError) as exc:
+        pytest.skip(f"no cgroup can be made here, so memory_mb bounds each process only: {exc}")
+
+
+def test_a_whole_process_tree_holds_no_more_memory_than_the_budget(sandbox: LocalSandbox) -> None:
+    """Four children of one call each hold 300 MiB (one of them in memfds, which an address-space limit never
+    counts; each memfd below the file-size limit) under a 1 GiB budget: they cannot all hold it at once."""
+    skip_without_cgroups()
+    code = """
+import os, select, time
+CHUNK = 300 << 20
+r, w = os.pipe()
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if i == 0:
+                block = b"\\x01" * (30 << 20)
+                fds = [os.memfd_create("hold") for _ in range(CHUNK // len(block))]
+                for fd in fds:
+                    os.write(fd, block)
+                del block
+            else:
+                held = b"\\x01" * CHUNK
+            os.write(w, bytes([i]))
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    kids.append(pid)
+end = time.time() + 5
+holding = set()
+while len(holding) < 4 and time.time() < end:
+    if select.select([r], [], [], 0.1)[0]:
+        holding.update(os.read(r, 4))
+    if all(os.waitpid(k, os.WNOHANG)[0] for k in kids):
+        break
+time.sleep(0.3)
+# Those that said they hold their share and are still alive now (a child still allocating does not count).
+print(sum(os.waitpid(kids[i], os.WNOHANG) == (0, 0) for i in holding))
+"""
+    result = execute(sandbox, code, timeout_s=8.0)
+    # Either the call itself was ended, or no more than three 300 MiB holders were alive together (1 GiB budget).
+    assert result.status == "crashed" or (result.ok and int(result.stdout) * 300 <= 1024), result
+    assert_healthy(sandbox)
+
+
+def test_an_idle_session_cannot_keep_more_than_its_budget_in_a_memfd(sandbox: LocalSandbox) -> None:
+    skip_without_cgroups()
+    code = """
+import os
+block = b"\\x01" * (32 << 20)
+kept, written = [], 0
+try:
+    for _ in range(48):  # 1.5 GiB, in memfds each below the file-size limit
+        kept.append(os.memfd_create("keep"))
+        written += os.write(kept[-1], block)
+except OSError:
+    pass
+print(written >> 20)
+"""
+    held = execute(sandbox, code, session="hoarder", timeout_s=8.0)
+    assert held.status == "crashed" or (held.ok and int(held.stdout) <= 1024), held
+    run(sandbox.close_session("hoarder"))
+    assert_healthy(sandbox)
+
+
+def test_sessions_together_hold_no_more_than_the_pool_budget() -> None:
+    box = LocalSandbox(timeout_s=8.0, max_concurrency=3, spares=1, preload=(), warmup=None, pool_memory_mb=600)
+    start_or_skip(box)
+    try:
+        skip_without_cgroups()
+        hold = "held = b'\\x01' * (250 << 20)\nprint('holding')"
+        results = [run(box.execute(hold, session=f"s{i}")) for i in range(3)]
+        # 3 x 250 MiB > 600 MiB: at least one session was ended instead of holding its share.
+        alive = [run(box.execute("print(len(held) >> 20)", session=f"s{i}")) for i in range(3)]
+        holding = sum(r.ok and r.stdout == "250\n" for r in alive)
+        assert holding * 250 <= 600, (results, alive)
+    finally:
+        box.close()
+
+
+CLONE_PARENT_SPIN = """
+import ctypes, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD): a child of the zygote
+if pid == 0:
+    try:
+        resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass
+    while True:
+        pass
+print('parent', pid)
+"""
+
+
+@pytest.mark.parametrize("session", [None, "clone-parent"])
+def test_a_clone_parent_child_burns_no_cpu_after_the_call(sandbox: LocalSandbox, session: str | None) -> None:
+    result = execute(sandbox, CLONE_PARENT_SPIN, session=session)
+    assert result.status == "ok" and result.stdout.startswith("parent"), result  # returns at once, not at timeout
+    # A spinning stray gets a good share of a core even on a busy machine; an idle pool uses next to nothing.
+    assert pool_cpu_burned(sandbox, 1.0) < 0.15
+    if session:
+        after = execute(sandbox, "print('next')", session=session)
+        assert after.stdout == "next\n", after
+        assert pool_cpu_burned(sandbox, 1.0) < 0.15
+        run(sandbox.close_session(session))
+    assert_healthy(sandbox)
+
+
+def test_the_kernel_keyring_carries_nothing_between_workers(sandbox: LocalSandbox) -> None:
+    description = f"rstar-probe-{uuid.uuid4().hex}"
+    plant = f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+payload = b"the answer is 42"
+key = libc.syscall(248, b"user", {description.encode()!r}, payload, len(payload), -4)  # add_key, user keyring
+if key > 0:
+    libc.syscall(250, 5, key, 0x3f3f3f3f)  # keyctl(KEYCTL_SETPERM): everyone may read it
+print(key)
+"""
+    planted = execute(sandbox, plant)
+    assert planted.ok, planted
+    key = int(planted.stdout)
+    read = f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(256)
+n = libc.syscall(250, 11, {key}, buf, 256)  # keyctl(KEYCTL_READ)
+found = libc.syscall(249, b"user", {description.encode()!r}, None, 0)  # request_key
+print(n, buf.value, found)
+"""
+    got = execute(sandbox, read)
+    assert got.ok and "the answer is 42" not in got.stdout, got
+    assert description not in Path("/proc/keys").read_text()  # nothing left on the host either
+
+
+def test_concurrent_episodes_cannot_reach_each_others_sockets(sandbox: LocalSandbox) -> None:
+    port = 40000 + uuid.uuid4().int % 20000
+    abstract = f"rstar-{uuid.uuid4().hex}"
+    listen = f"""
+import socket
+tcp = socket.socket(); tcp.bind(("127.0.0.1", {port})); tcp.listen(); tcp.setblocking(False)
+unix = socket.socket(socket.AF_UNIX); unix.bind("\\0{abstract}"); unix.listen(); unix.setblocking(False)
+print("listening")
+"""
+    assert execute(sandbox, listen, session="listener").stdout == "listening\n"
+    talk = f"""
+import socket
+for family, address in ((socket.AF_INET, ("127.0.0.1", {port})), (socket.AF_UNIX, "\\0{abstract}")):
+    s = socket.socket(family)
+    try:
+        s.connect(address); s.sendall(b"collude")
+        print("connected")
+    except OSError as exc:
+        print("refused", exc.errno)
+"""
+    talked = execute(sandbox, talk, session="talker")
+    heard = """
+got = []
+for s in (tcp, unix):
+    try:
+        conn, _ = s.accept()
+        got.append(conn.recv(100))
+    except BlockingIOError:
+        pass
+print(got)
+"""
+    listened = execute(sandbox, heard, session="listener")
+    assert "connected" not in talked.stdout and talked.stdout.count("refused") == 2, talked
+    assert listened.stdout == "[]\n", listened
+    for name in ("listener", "talker"):
+        run(sandbox.close_session(name))
+
+
+def test_unshare_and_io_uring_are_refused(sandbox: LocalSandbox) -> None:
+    try:
+        import pyseccomp  # noqa: F401
+    except (ImportError, OSError) as exc:
+        pytest.skip(f"no syscall filter can be had here (pyseccomp or libseccomp is missing: {exc})")
+    code = """
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+calls = {
+    "unshare(CLONE_NEWUSER)": lambda: libc.syscall(272, 0x10000000),
+    "unshare(CLONE_NEWNET)": lambda: libc.syscall(272, 0x40000000),
+    "io_uring_setup": lambda: libc.syscall(425, 8, params),
+    "clone(CLONE_NEWUSER)": lambda: libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0),
+    "ptrace(PTRACE_ATTACH, 1)": lambda: libc.syscall(101, 16, 1, 0, 0),
+}
+for name, call in calls.items():
+    print(name, call(), ctypes.get_errno())
+# Ordinary code still works: threads, subprocesses.
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+print(subprocess.run(["echo", "fine"], capture_output=True, text=True).stdout.strip())
+"""
+    result = execute(sandbox, code)
+    assert result.ok, result
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "fine"
+    for line in lines[:-1]:
+        assert line.endswith(f" -1 {errno.EPERM}"), result.stdout
+
+
+def test_an_interpreter_in_a_virtual_environment_under_tmp_works(tmp_path: Path) -> None:
+    venv = Path("/tmp") / f"rstar-venv-{uuid.uuid4().hex[:8]}"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    box = LocalSandbox(python=str(venv / "bin" / "python"), spares=1, preload=("sympy",), warmup=None)
+    try:
+        try:
+            box.start()
+        except SandboxError as exc:
+            if "/tmp" in str(exc):
+                raise  # the harm: a venv under /tmp does not work
+            start_or_skip(box)  # the sandbox cannot start here at all
+        result = run(box.execute("import sys, sympy\nprint(sys.prefix, sympy.Integer(6) * 7)"))
+        assert (result.status, result.stdout) == ("ok", f"{venv} 42\n"), result
+    finally:
+        box.close()
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+def test_a_new_pool_removes_the_folders_of_pools_that_died_without_close() -> None:
+    gone_pid = subprocess.Popen(["true"])
+    gone_pid.wait()
+    stale = Path(tempfile.gettempdir()) / f"rstar-sandbox-{gone_pid.pid}-stale{uuid.uuid4().hex[:6]}"
+    stale.mkdir()
+    (stale / "left").write_text("x")
+    live = Path(tempfile.mkdtemp(prefix=f"rstar-sandbox-{os.getpid()}-"))  # a pool of a live process: kept
+    box = LocalSandbox(spares=1, preload=(), warmup=None)
+    try:
+        start_or_skip(box)
+        assert not stale.exists()
+        assert live.exists()
+    finally:
+        box.close()
+        live.rmdir()
+
+
+def test_the_fallbacks_say_what_they_lack_in_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cgroup and no libseccomp: the pool still works, and one warning names both gaps with their fixes."""
+    import warnings
+
+    from rstar_env.sandbox import _cgroup
+
+    def no_cgroup(_pool_memory_mb: int | None) -> None:
+        raise OSError("this cgroup does not delegate memory and pids")
+
+    monkeypatch.setattr(_cgroup.PoolCgroup, "create", staticmethod(no_cgroup))
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "pyseccomp.py").write_text(f"raise OSError('libseccomp.so.2 missing {uuid.uuid4().hex}')\n")
+    # isolation="none": the zygote sees the host, so PYTHONPATH (the zygote's environment) shadows the real module.
+    box = LocalSandbox(isolation="none", env={"PYTHONPATH": str(fake)}, spares=1, preload=(), warmup=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start_or_skip(box)
+    try:
+        mine = [str(w.message) for w in caught if "rstar_env local sandbox" in str(w.message)]
+        assert len(mine) == 1, mine
+        assert "no cgroup per worker (this cgroup does not delegate" in mine[0] and "memfds" in mine[0]
+        assert "no syscall filter" in mine[0] and "install the `pyseccomp` package" in mine[0]
+        assert run(box.execute("print(6 * 7)")).stdout == "42\n"
+    finally:
+        box.close()

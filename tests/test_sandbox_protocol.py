@@ -18,9 +18,8 @@ from rstar_env.sandbox import ExecResult, Sandbox, SandboxError, create_sandbox
 BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
 BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
     # Remote backends run against local stand-ins (each skipped when its extra is not installed): e2b against
-    # the in-process code-interpreter test server through the SDK's debug mode, ray on a local Ray instance
-    # (started once per test process; zero-CPU actors so several sandboxes fit on a 2-core machine).
-    "e2b": {"local_server": True},
+    # the testkit's code-interpreter server (see backend_options) through the SDK's debug mode, ray on a local Ray
+    # instance (started once per test process; zero-CPU actors so several sandboxes fit on a 2-core machine).
     "ray": {"ray_init": {"num_cpus": 2}, "num_actors": 1, "max_concurrency": 4, "actor_options": {"num_cpus": 0}},
 }
 TIMEOUT_S = 1.0
@@ -33,9 +32,33 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+_e2b_server: Any = None
+"""The testkit's E2B code-interpreter server, started on first use by an e2b test of this module."""
+
+
+def backend_options(backend: str) -> dict[str, Any]:
+    global _e2b_server
+    if backend != "e2b":
+        return BACKEND_OPTIONS.get(backend, {})
+    if _e2b_server is None:
+        from rstar_env_testkit.e2b_server import CodeInterpreterServer
+
+        _e2b_server = CodeInterpreterServer().start()
+    return {"debug": True, "sandbox_url": _e2b_server.sandbox_url}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_e2b_server() -> Iterator[None]:
+    global _e2b_server
+    yield
+    if _e2b_server is not None:
+        _e2b_server.stop()
+        _e2b_server = None
+
+
 def make(backend: str, **options: Any) -> Sandbox:
     try:
-        sandbox = create_sandbox(backend, **{"timeout_s": TIMEOUT_S, **BACKEND_OPTIONS.get(backend, {}), **options})
+        sandbox = create_sandbox(backend, **{"timeout_s": TIMEOUT_S, **backend_options(backend), **options})
         run(sandbox.__aenter__())
     except SandboxError as exc:
         pytest.skip(f"backend {backend!r} unavailable: {exc}")
@@ -279,7 +302,7 @@ def test_a_slow_call_does_not_block_others(sandbox: Sandbox) -> None:
 @pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
 def test_context_manager_and_idempotent_close(backend: str) -> None:
     async def scenario() -> ExecResult:
-        async with create_sandbox(backend, timeout_s=TIMEOUT_S, **BACKEND_OPTIONS.get(backend, {})) as box:
+        async with create_sandbox(backend, timeout_s=TIMEOUT_S, **backend_options(backend)) as box:
             assert isinstance(box, Sandbox)
             result = await box.execute("print('ctx')")
         await box.aclose()  # idempotent

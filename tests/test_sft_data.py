@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from rstar_env.data import DataError, generate_tool_sft, sft_tokens
-from rstar_env.sft_data import parse_tool_sft_spec
+from rstar_env.data import DataError
+from rstar_env.rollout.sft_data import generate_tool_sft, parse_tool_sft_spec, sft_tokens
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_shares_and_format(rows):
 
 
 def test_tool_responses_are_what_the_sandbox_prints(rows):
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.plugins import load_tool
 
     tool = load_tool("python", timeout_s=4)
@@ -40,7 +40,7 @@ def test_tool_responses_are_what_the_sandbox_prints(rows):
                 if m["role"] != "tool":
                     continue
                 code = json.loads(messages[k - 1]["content"].split("<tool_call>\n")[1].split("\n</tool_call>")[0])
-                printed = _aio.run_sync(tool.sandbox.execute(code["arguments"]["code"], timeout_s=4))
+                printed = aio.run_sync(tool.sandbox.execute(code["arguments"]["code"], timeout_s=4))
                 text = m["content"].removeprefix("<tool_response>\n").removesuffix("\n</tool_response>")
                 assert printed.stdout.strip() in text and (printed.stderr or "").strip() in text
                 if row["style"] == "fix" and k == 3:  # the first call failed, and the next turn quotes the error
@@ -48,7 +48,7 @@ def test_tool_responses_are_what_the_sandbox_prints(rows):
                     assert error_line.split(":")[0] in ("NameError", "SyntaxError")
                     assert error_line in messages[k + 1]["content"]
     finally:
-        _aio.run_sync(tool.aclose())
+        aio.run_sync(tool.aclose())
 
 
 def test_bad_shares_and_specs_are_named():

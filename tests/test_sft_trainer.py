@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rstar_env.config import ConfigError, load_config  # noqa: E402
-from rstar_env.data import generate_problems, generate_tool_sft, sft_tokens  # noqa: E402
+from rstar_env.data import generate_problems  # noqa: E402
+from rstar_env.rollout.sft_data import generate_tool_sft, sft_tokens  # noqa: E402
 from rstar_trainers.local.config import sft_config, trainer_config  # noqa: E402
 from rstar_trainers.local.heldout import evaluate_model  # noqa: E402
 from rstar_trainers.local.loss import masked_token_logprobs, token_logprobs  # noqa: E402
@@ -68,7 +69,7 @@ def test_a_few_sft_steps_teach_well_formed_calls(tmp_path, smollm2):
 def test_resume_continues_exactly(tmp_path, smollm2):
     model, tokenizer = smollm2
     ids = [tokenizer.encode(f"Question {i}? Answer: {i * 7}.") for i in range(6)]
-    from rstar_env.sft_data import SFTTokens
+    from rstar_env.rollout.sft_data import SFTTokens
 
     examples = [SFTTokens(x, [0] * 4 + [1] * (len(x) - 4)) for x in ids]
 

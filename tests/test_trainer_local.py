@@ -80,7 +80,19 @@ def test_resume_continues_exactly(tmp_path, smollm2):
     assert [m["reward"] for m in a] == [m["reward"] for m in b]
     assert [m["loss"] for m in a] == [m["loss"] for m in b]
     saved = sorted(p.name for p in (tmp_path / "b" / "run" / "checkpoints").glob("step_*"))
-    assert saved == ["step_000001", "step_000002"]
+    assert saved == ["step_000002"]  # keep_checkpoints: last (the default) keeps what resuming needs
+
+
+def test_keep_checkpoints_none_leaves_the_model_and_refuses_to_restart(tmp_path, smollm2):
+    run = run_config(tmp_path, steps=1, max_new_tokens=4, save_model=True, keep_checkpoints="none")
+    trainer = make(run, smollm2)
+    trainer.train()
+    trainer.close()
+    root = tmp_path / "run"
+    assert (root / "model" / "config.json").exists()
+    assert not list((root / "checkpoints").glob("step_*")) and not (root / "checkpoints" / "latest").exists()
+    with pytest.raises(ConfigError, match=r"finished run \(step 1.*keep_checkpoints: none.*--fresh"):
+        make(run, smollm2)
 
 
 def test_ctrl_c_saves_a_checkpoint(tmp_path, smollm2):

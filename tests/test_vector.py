@@ -90,6 +90,11 @@ def test_unknown_reset_options_are_refused(echo_plugins):
         vec.reset(options={"reset_mask": [1, 0, 1]})
     with pytest.raises(ValueError, match="selects no sub-env"):
         vec.reset(options={"reset_mask": np.zeros(3, dtype=bool)})
+    # The README's `{"problem": ..., "answer": ...}` placeholder, run as written, is refused, not "Ellipsis".
+    with pytest.raises(ValueError, match=r"options\['rows'\]\[0\]: the problem \(field 'problem'\) is `\.\.\.`"):
+        vec.reset(options={"rows": [{"problem": ..., "answer": ...}] * 3})
+    with pytest.raises(ValueError, match=r"options\['rows'\]\[2\]: the answer field 'answer' is `\.\.\.`"):
+        vec.reset(options={"rows": [*ROWS[:2], {"problem": "q", "answer": ...}]})
     vec.close()
 
 

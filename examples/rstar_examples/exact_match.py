@@ -7,7 +7,7 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from rstar_env.format import extract_answer
-from rstar_env.trajectory import RewardResult
+from rstar_env.plugin import RewardResult
 
 
 class ExactMatchOptions(BaseModel):
@@ -16,16 +16,17 @@ class ExactMatchOptions(BaseModel):
 
 
 class ExactMatch:
-    """Reward 1.0 on an exact (optionally case-insensitive) match, else 0.0; ``reason`` says which."""
+    """Reward 1.0 on an exact (optionally case-insensitive) match, else 0.0; ``reason`` says which.
+
+    ``score`` is a plain ``def`` (cheap string work): the env runs it in a thread."""
 
     name: ClassVar[str] = "exact_match"
     options_model: ClassVar[type[BaseModel]] = ExactMatchOptions
 
-    def __init__(self, case_sensitive: bool = False, strip_spaces: bool = True) -> None:
-        self.case_sensitive = case_sensitive
-        self.strip_spaces = strip_spaces
+    def __init__(self, options: ExactMatchOptions | None = None) -> None:
+        self.options = options or ExactMatchOptions()
 
-    async def score(self, response: str, answer: str) -> RewardResult:
+    def score(self, response: str, answer: str) -> RewardResult:
         extracted = extract_answer(response)
         if extracted is None:
             return RewardResult(0.0, None, "no_answer")
@@ -33,5 +34,5 @@ class ExactMatch:
         return RewardResult(1.0 if same else 0.0, extracted, "match" if same else "mismatch")
 
     def _norm(self, text: str) -> str:
-        text = "".join(text.split()) if self.strip_spaces else text
-        return text if self.case_sensitive else text.casefold()
+        text = "".join(text.split()) if self.options.strip_spaces else text
+        return text if self.options.case_sensitive else text.casefold()

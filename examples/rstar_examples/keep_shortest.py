@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from rstar_env.sampler import TrajectorySummary
+from rstar_env.plugin import TrajectorySummary
 
 
 class KeepShortest:

@@ -1,6 +1,6 @@
 """The module the entry point names: one hook per kind, each returning plugin classes (not instances)."""
 
-from rstar_env.plugins import hookimpl
+from rstar_env.plugin import hookimpl
 from rstar_examples.calculator import Calculator
 from rstar_examples.exact_match import ExactMatch
 from rstar_examples.keep_shortest import KeepShortest

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from rstar_env.config import ConfigError, load_config
@@ -46,3 +49,36 @@ def test_keep_shortest_keeps_the_fewest_turns_and_drops_no_signal_groups():
     assert select("keep_shortest", group, keep=2) == [1, 2]
     assert select("keep_shortest", make_group([1, 1, 1, 1]), keep=2) is None
     assert select("keep_shortest", make_group([1, 0]), keep=3) is None
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["(((9**99)**99)**99)**99", "9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99",
+     "((10**99)**10)**10"],
+)
+def test_calculator_refuses_huge_results_at_once(expression):
+    from rstar_examples import Calculator
+
+    start = time.perf_counter()
+    result = Calculator().evaluate(expression)
+    assert time.perf_counter() - start < 0.5
+    assert result.error == "exception" and "more than 1000 digits" in result.text
+
+
+def test_nested_powers_do_not_stall_another_env(math_env):
+    # Two envs on one event loop: the nested power must not hold the other env's steps.
+    slow = math_env(tools=["calculator"], reward="exact_match")
+    other = math_env(tools=["calculator"], reward="exact_match")
+
+    async def episode(env, expression):
+        await env.areset(options={"problem": "p", "answer": "1"})
+        start = time.perf_counter()
+        _, _, _, _, info = await env.astep(tool_call("calculator", expression=expression))
+        return time.perf_counter() - start, info["trajectory"].turns[0].tool_calls[0].result
+
+    async def both():
+        return await asyncio.gather(episode(slow, "(((9**99)**99)**99)**99"), episode(other, "6 * 7"))
+
+    (slow_s, slow_result), (other_s, other_result) = asyncio.run(both())
+    assert slow_result.error == "exception" and slow_s < 2.0
+    assert other_result.text == "42" and other_s < 2.0

@@ -1,15 +1,18 @@
 """The math-verify worker process: ``python -m rstar_plugins.rewards._worker MEMORY_MB SOFT_TIMEOUT_S``.
 
 Protocol (pickled frames over stdin/stdout, see :mod:`.pool`): the worker sends ``("ready", pid)`` once
-math-verify is imported and warm, then answers each request ``(pred, pred_is_latex, gold)`` with
-``(verdict, detail, exiting)``: ``verdict`` is ``"verified"``, ``"mismatch"``, ``"bad_gold"``, ``"timeout"`` or
-``"error"``, and ``exiting`` says the worker stops after this reply (it hit its memory limit).
+math-verify is imported and warm. Each request is a batch, a list of ``(pred, gold)`` answer texts; the worker
+answers every item with its own frame ``(index, verdict, detail, exiting)``, in order, as soon as it is decided, so
+the parent can hold each comparison to its own deadline. ``verdict`` is ``"verified"``, ``"mismatch"``,
+``"bad_gold"``, ``"timeout"`` or ``"error"``; ``exiting`` says the worker stops after this reply (it hit its memory
+limit) and the rest of the batch must go elsewhere.
 
 Why a process: math-verify's own timeouts use ``signal.alarm`` (main thread only) and some inputs (a power tower
 like ``5^{5^{5^5}}``) spin inside C code where no signal handler runs. Here the worker arms its own interval timer
-(``soft_timeout_s``, a little under the parent's hard limit) so ordinary slow comparisons end cleanly and the
-worker survives; anything that ignores the timer is killed by the parent at the hard limit. ``RLIMIT_AS`` turns a
-memory explosion (``10^{10^{10}}`` evaluated exactly) into a ``MemoryError`` instead of an OOM kill of the host.
+per comparison (``soft_timeout_s``, a little under the parent's hard limit) so ordinary slow comparisons end
+cleanly and the worker survives; anything that ignores the timer is killed by the parent at the hard limit.
+``RLIMIT_AS`` turns a memory explosion (``10^{10^{10}}`` evaluated exactly) into a ``MemoryError`` instead of an
+OOM kill of the host.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import signal
 import sys
 from functools import lru_cache
 from multiprocessing.connection import Connection
 from typing import Any
+
+from rstar_env.data.numbers import plain_commas
 
 
 class _SoftTimeout(BaseException):
@@ -33,34 +39,68 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _SoftTimeout
 
 
-def _verify(pred: str, pred_is_latex: bool, gold: str) -> tuple[str, str]:
-    from math_verify import parse, verify
+# Text that carries its own math markup (or a box): math-verify finds the answer in it as it would in a model's
+# output. Anything else with an English word is prose ("The answer is 12 apples."), read the same way.
+_MARKUP = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
+_COMMAND = re.compile(r"\\[A-Za-z]+(?:\s*\{[^{}]*\})?")
+_WORD = re.compile(r"[A-Za-z]{3,}")
 
-    gold_parsed = _parse_gold(gold)
+
+def is_bare_math(text: str) -> bool:
+    """Whether ``text`` is a bare math answer (``\\frac{1}{2}``, ``(1, 2)``, ``x > 0``) rather than prose or
+    text with its own delimiters. A bare answer is read as inline LaTeX, ``$text$``; the rest as math-verify reads
+    a model's text. The same rule for the gold and the prediction, so identical strings always read alike."""
+    if _MARKUP.search(text):
+        return False
+    return _WORD.search(_COMMAND.sub(" ", text)) is None
+
+
+@lru_cache(maxsize=4096)
+def read_answer(text: str) -> tuple[Any, ...]:
+    """``text`` parsed by math-verify (cached: a group's rollouts share a gold, and often an answer)."""
+    from math_verify import parse
+
+    stripped = text.strip()
+    if not stripped:
+        return ()
+    plain = plain_commas(stripped)
+    if plain is not None:
+        stripped = plain  # "1,22" is 1.22 and "1,000" is 1000, as the fast path reads them: not pairs
+    if is_bare_math(stripped):
+        parsed = parse(f"${stripped}$", parsing_timeout=None)
+        if parsed:
+            return tuple(parsed)
+    return tuple(parse(stripped, parsing_timeout=None))
+
+
+def compare(pred: str, gold: str) -> tuple[str, str]:
+    from math_verify import verify
+
+    gold_parsed = read_answer(gold)
     if not gold_parsed:
         return "bad_gold", f"math-verify could not parse the gold answer {gold[:80]!r}"
-    # A boxed answer is given to math-verify boxed, so it reads exactly that; free text goes as is and
-    # math-verify finds the answer in it ("the answer is 42").
-    pred_parsed = parse(f"\\boxed{{{pred}}}" if pred_is_latex else pred, parsing_timeout=None)
+    pred_parsed = read_answer(pred)
     if not pred_parsed:
         return "mismatch", "prediction not parseable"
     # allow_set_relation_comp: a gold interval "(0,\\infty)" answered as "x > 0" is right; by default math-verify
     # compares set to relation only when the prediction is the set (a false negative on the other order).
-    ok = verify(gold_parsed, pred_parsed, timeout_seconds=None, allow_set_relation_comp=True)
+    ok = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None, allow_set_relation_comp=True)
     return ("verified" if ok else "mismatch"), ""
 
 
-@lru_cache(maxsize=2048)
-def _parse_gold(gold: str) -> list[Any]:
-    # Gold answers repeat across a group's rollouts: parse each once per worker.
-    from math_verify import parse
-
-    text = gold.strip()
-    if not text:
-        return []
-    if "\\boxed" not in text and not text.startswith("$"):
-        text = f"${text}$"
-    return parse(text, parsing_timeout=None)
+_WARM_UP: tuple[tuple[str, str], ...] = (
+    ("\\frac{1}{2}", "0.5"), ("The answer is $\\{1, 2\\}$.", "(0, \\infty)"), ("x^2+2x+1", "(x+1)^2"),
+    ("\\frac{\\sqrt{3}}{2}", "\\dfrac{1}{2}\\sqrt3"), ("[1, 2) \\cup (3, \\infty)", "x > 0"), ("(1, -2)", "(1,-2)"),
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"),
+    ("y = 2x + 3", "y=3+2x"), ("2\\pi", "\\frac{4\\pi}{2}"), ("\\text{(A)}", "A"), ("50\\%", "0.5"),
+    ("90^\\circ", "\\frac{\\pi}{2}"), ("\\boxed{1}, \\boxed{2}", "\\{1,2\\}"), ("3\\sqrt{2}", "\\sqrt{18}"),
+    ("e^{i\\pi}", "-1"), ("\\log_2 8", "3"), ("x \\geq 2", "[2,\\infty)"), ("2+3i", "3i+2"), ("10!", "3628800"),
+    ("The final answer is $12$.", "12"), ("\\binom{5}{2}", "10"), ("a^2 - b^2", "(a-b)(a+b)"),
+    ("(2, 3)", "(3,2)"), ("[1, 2]", "[1,2)"), ("\\left[ -1, 1 \\right]", "(-\\infty, 0]"), ("(-3,3)", "[0, 1]"),
+    ("\\left(2, 3\\right)", "(\\sqrt{2}, 1)"), ("[1, 2, 3]", "\\{1, 2, 3\\}"), ("(x-1)(x+2)", "x^2+x-2"),
+    ("\\sin^2 x", "1 - \\cos^2 x"), ("\\frac{a}{b}", "a/b"), ("x = 3", "3"), ("5 \\text{ cm}", "5"),
+)
+"""Pairs compared once at start-up to warm the parsers."""
 
 
 def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s: float) -> None:
@@ -68,8 +108,11 @@ def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import before the memory limit: imports map shared libraries)
 
-    _verify("1/2", True, "0.5")  # warm the parser caches so the first real request is not the slow one
-    _parse_gold.cache_clear()
+    # The LaTeX parser (ANTLR) learns its prediction tables as it goes: a cold worker parses about twice as slowly
+    # as a warm one. Warm it on the shapes answers take, once, before it reports ready.
+    for pred, gold in _WARM_UP:
+        compare(pred, gold)
+    read_answer.cache_clear()
     if memory_mb > 0:
         import resource
 
@@ -84,29 +127,29 @@ def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s
             return  # the parent closed the pipe or died: nothing left to do
         if request is None:
             return
-        pred, pred_is_latex, gold = request
-        fatal = False
-        try:
-            signal.setitimer(signal.ITIMER_REAL, soft_timeout_s)
+        for index, (pred, gold) in enumerate(request):
+            fatal = False
             try:
-                reply = _verify(pred, pred_is_latex, gold)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _SoftTimeout:
-            reply = ("timeout", f"math-verify took longer than {soft_timeout_s:.2f}s")
-        except MemoryError:
-            reply = ("error", f"math-verify exceeded the {memory_mb} MB memory limit")
-            fatal = True  # the heap may be fragmented or half-built: start afresh
-        except RecursionError:
-            reply = ("error", "math-verify hit the recursion limit")
-        except Exception as exc:
-            reply = ("error", f"{type(exc).__name__}: {str(exc)[:200]}")
-        try:
-            writer.send((*reply, fatal))
-        except (pickle.PicklingError, OSError):
-            return
-        if fatal:
-            return
+                signal.setitimer(signal.ITIMER_REAL, soft_timeout_s)
+                try:
+                    reply = compare(pred, gold)
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            except _SoftTimeout:
+                reply = ("timeout", f"math-verify took longer than {soft_timeout_s:.2f}s")
+            except MemoryError:
+                reply = ("error", f"math-verify exceeded the {memory_mb} MB memory limit")
+                fatal = True  # the heap may be fragmented or half-built: start afresh
+            except RecursionError:
+                reply = ("error", "math-verify hit the recursion limit")
+            except Exception as exc:
+                reply = ("error", f"{type(exc).__name__}: {str(exc)[:200]}")
+            try:
+                writer.send((index, *reply, fatal))
+            except (pickle.PicklingError, OSError):
+                return
+            if fatal:
+                return
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
 """A pool of math-verify worker processes with a hard wall-clock limit per comparison.
 
-:meth:`VerifierPool.run` is blocking and thread-safe: it takes an idle worker, sends one comparison and waits at
-most ``timeout_s`` for the verdict. A worker that has not answered by then is killed (``SIGKILL``) and replaced at
-once, so a pathological expression costs its caller exactly the timeout and costs the pool one process start
-(about a quarter of a second, paid by the replacement in the background). Workers are plain ``subprocess``
-children running :mod:`._worker`, so the pool works the same under any ``multiprocessing`` start method, from
-any thread, and never re-imports the caller's ``__main__``.
+:meth:`VerifierPool.run_many` is blocking and thread-safe: it takes an idle worker, sends a batch of comparisons in
+one message and waits at most ``timeout_s`` for each verdict (the worker answers item by item). A worker that has
+not answered by then is killed (``SIGKILL``) and replaced at once, so a pathological expression costs its caller
+exactly the timeout and costs the pool one process start (about a quarter of a second, paid by the replacement in
+the background). Workers are plain ``subprocess`` children running :mod:`._worker`, so the pool works the same under
+any ``multiprocessing`` start method, from any thread, and never re-imports the caller's ``__main__``.
 
 No asyncio object is created here: the reward plugin reaches the pool through ``run_in_executor``, which keeps it
 usable from one event loop after another.
@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import IO
 
@@ -183,7 +184,91 @@ class VerifierPool:
                 continue
 
     def run(self, pred: str, pred_is_latex: bool, gold: str) -> Verdict:
-        """Compare ``pred`` to ``gold`` with math-verify in a worker; blocks at most ``timeout_s`` once sent."""
+        """Compare one answer to ``gold`` with math-verify in a worker; blocks at most ``timeout_s`` once sent.
+        ``pred_is_latex``: ``pred`` is a box's content (it is read boxed); otherwise it is answer text."""
+        return self.run_many([(f"\\boxed{{{pred}}}" if pred_is_latex else pred, gold)])[0]
+
+    def run_many(self, items: Sequence[tuple[str, str]]) -> list[Verdict]:
+        """Compare each ``(answer text, gold)`` with math-verify, the whole list in one message to one worker.
+
+        Each comparison keeps its own hard limit: the worker replies item by item and a reply that takes longer
+        than ``timeout_s`` gets its worker killed; that item is a ``timeout`` and the rest go to another worker.
+        Blocking and thread-safe; call it from several threads to use several workers."""
+        verdicts: list[Verdict | None] = [None] * len(items)
+        todo = list(range(len(items)))
+        while todo:
+            worker = self._ready_worker()
+            try:
+                worker.writer.send([items[i] for i in todo])
+            except OSError as exc:
+                self._retire(worker, replace=True)
+                verdicts[todo[0]] = ("error", f"math-verify worker died ({type(exc).__name__}); replaced")
+                todo = todo[1:]
+                continue
+            done = 0
+            retired = False
+            while done < len(todo):
+                index = todo[done]
+                try:
+                    if not worker.reader.poll(self.timeout_s):
+                        with self._lock:
+                            self.kills += 1
+                        self._retire(worker, replace=True)
+                        verdicts[index] = ("timeout",
+                                           f"no verdict within {self.timeout_s:.2f}s; worker killed and replaced")
+                        done += 1
+                        retired = True
+                        break
+                    _, code, detail, exiting = worker.reader.recv()
+                except (EOFError, OSError) as exc:
+                    # The worker died under this item (memory limit hit in C code, a crash) or the pool closed.
+                    self._retire(worker, replace=True)
+                    verdicts[index] = ("error", f"math-verify worker died ({type(exc).__name__}); replaced")
+                    done += 1
+                    retired = True
+                    break
+                verdicts[index] = (code, detail)
+                done += 1
+                if exiting or worker.proc.poll() is not None:
+                    self._retire(worker, replace=True)  # it exits after a MemoryError: do not hand it out again
+                    retired = True
+                    break
+            if not retired:
+                self._idle.put(worker)
+            todo = todo[done:]
+        return [v for v in verdicts if v is not None]
+
+    def run_on_every_worker(self, items: Sequence[tuple[str, str]]) -> None:
+        """Compare ``items`` on every worker, all at once (each worker gets the whole list): a worker's LaTeX parser
+        gets faster as it sees more answers, so this brings all of them to the steady state of a long run, which
+        a benchmark then measures. Verdicts are discarded; a worker that fails or times out is replaced."""
+        self.start(wait=True)
+        taken: list[_Worker] = []
+        while len(taken) < self.workers:
+            taken.append(self._ready_worker())
+        for worker in taken:
+            with contextlib.suppress(OSError):
+                worker.writer.send(list(items))
+        for worker in taken:
+            healthy = True
+            for _ in items:
+                try:
+                    if not worker.reader.poll(self.timeout_s):
+                        healthy = False
+                        break
+                    *_, exiting = worker.reader.recv()
+                except (EOFError, OSError):
+                    healthy = False
+                    break
+                if exiting:
+                    healthy = False
+                    break
+            if healthy:
+                self._idle.put(worker)
+            else:
+                self._retire(worker, replace=True)
+
+    def _ready_worker(self) -> _Worker:
         self.start()
         worker = self._acquire()
         if not worker.ready:
@@ -192,24 +277,7 @@ class VerifierPool:
             except RuntimeError:
                 self._retire(worker, replace=not self._closed)
                 raise
-        try:
-            worker.writer.send((pred, pred_is_latex, gold))
-            if not worker.reader.poll(self.timeout_s):
-                with self._lock:
-                    self.kills += 1
-                self._retire(worker, replace=True)
-                return "timeout", f"no verdict within {self.timeout_s:.2f}s; worker killed and replaced"
-            reply = worker.reader.recv()
-        except (EOFError, OSError) as exc:
-            # The worker died under this request (memory limit hit in C code, a crash) or the pool was closed.
-            self._retire(worker, replace=True)
-            return "error", f"math-verify worker died ({type(exc).__name__}); replaced"
-        code, detail, exiting = reply
-        if exiting or worker.proc.poll() is not None:
-            self._retire(worker, replace=True)  # it exits after a MemoryError: do not hand it out again
-        else:
-            self._idle.put(worker)
-        return code, detail
+        return worker
 
     def close(self) -> None:
         """Stop every worker. Safe to call twice; comparisons waiting for a worker fail with RuntimeError.

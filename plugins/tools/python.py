@@ -15,15 +15,7 @@ from typing import Any, ClassVar
 
 from rstar_env.sandbox import ExecResult, Sandbox, create_sandbox
 from rstar_env.tool import EpisodeContext, function_schema
-from rstar_env.trajectory import ToolErrorKind, ToolResult
-
-_ERROR_KINDS: dict[str, ToolErrorKind | None] = {
-    "ok": None,
-    "error": "exception",
-    "timeout": "timeout",
-    "crashed": "crash",
-    "output_limit": "output_limit",
-}
+from rstar_env.trajectory import ToolResult
 
 
 def truncate_middle(text: str, limit: int) -> str:
@@ -142,9 +134,9 @@ class PythonTool:
         )
         return ToolResult(
             text=self.render(result),
-            error=_ERROR_KINDS[result.status],
+            error=None if result.status == "ok" else str(result.status),  # one vocabulary: the status is the kind
             duration_s=result.duration_s,
-            metadata={"status": result.status, "queue_s": result.queue_s},  # time waiting before it ran
+            metadata={"status": str(result.status), "queue_s": result.queue_s},  # time waiting before it ran
         )
 
     def render(self, result: ExecResult) -> str:
@@ -154,8 +146,8 @@ class PythonTool:
             parts.append(result.stderr.rstrip("\n"))
         if result.status == "timeout":
             parts.append(f"TimeoutError: execution exceeded the {self.timeout_s:g} s time limit and was stopped.")
-        elif result.status == "crashed":
-            parts.append(f"The Python process crashed: {result.error or 'unknown cause'}.")
+        elif result.status == "crash":
+            parts.append(f"The Python process crashed: {result.message or 'unknown cause'}.")
         elif result.status == "output_limit":
             parts.append("[output limit reached: the program was stopped]")
         text = "\n".join(parts) if parts else "(no output; print() the values you want to see)"

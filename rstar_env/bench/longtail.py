@@ -60,10 +60,24 @@ def bounds(scenario: LongTail) -> dict[str, float]:
     }
 
 
+def _replay_server() -> Any:
+    """The testkit's replay server module: this benchmark plays a scripted endpoint, which the product lacks."""
+    try:
+        from rstar_env_testkit import replay_server
+    except ImportError as exc:
+        raise RuntimeError(
+            "the long-tail rollout benchmark needs the replay server of the rstar-env-testkit package, which is not "
+            f"installed ({exc}); install it from a checkout with `pip install --no-deps -e testkit` "
+            "(or `bash scripts/setup.sh --dev`)"
+        ) from exc
+    return replay_server
+
+
 def responder(scenario: LongTail) -> Any:
     """The replay server's answer to each request: python calls, then a boxed answer, after the drawn delay."""
-    from rstar_env.rollout.replay_server import reply
     from rstar_env.testing import answer, python_call
+
+    reply = _replay_server().reply
 
     delays = scenario.delays()
     lock = threading.Lock()
@@ -90,11 +104,12 @@ def rows(scenario: LongTail) -> list[dict[str, Any]]:
 
 def run(scenario: LongTail, *, instant: bool = False) -> dict[str, Any]:
     """Run the scenario through ``evaluate``; ``instant`` answers at once (the run's fixed overhead)."""
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.rollout.evaluate import evaluate
     from rstar_env.rollout.openai import OpenAIPolicy
-    from rstar_env.rollout.replay_server import ReplayServer
     from rstar_env.vector import MathToolVectorEnv
+
+    ReplayServer = _replay_server().ReplayServer
 
     if instant:
         scenario = LongTail(**{**scenario.__dict__, "fast_s": 0.0, "slow_s": 0.0})
@@ -111,7 +126,7 @@ def run(scenario: LongTail, *, instant: bool = False) -> dict[str, Any]:
                 await env.aclose()
 
         start = time.perf_counter()
-        summary = _aio.run_sync(go())
+        summary = aio.run_sync(go())
         wall = time.perf_counter() - start
     return {"wall_s": wall, "episodes": summary.get("episodes"), "pass@1": summary.get("pass@1"),
             "policy_errors": summary.get("policy_errors", 0), "env_errors": summary.get("env_errors", 0),

@@ -32,7 +32,7 @@ def _simulation(seed: int) -> dict[str, Any]:
 
 def _endpoints(endpoints: tuple[str, ...], served_model: str, problems: int, samples: int,
                width: int) -> dict[str, Any]:
-    from rstar_env import _aio
+    from rstar_env import aio
     from rstar_env.data import generate_problems
     from rstar_env.rollout.dispatch import endpoint_policy
     from rstar_env.rollout.evaluate import evaluate
@@ -53,7 +53,7 @@ def _endpoints(endpoints: tuple[str, ...], served_model: str, problems: int, sam
                 await env.aclose()
 
     start = time.perf_counter()
-    summary = _aio.run_sync(go())
+    summary = aio.run_sync(go())
     return {"wall_s": time.perf_counter() - start, "episodes": summary.get("episodes"),
             "policy_errors": summary.get("policy_errors", 0), "engines": policy.stats()}
 

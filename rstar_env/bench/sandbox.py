@@ -1,4 +1,8 @@
-"""``rstar-env bench sandbox``: the ``local`` fork-server pool against the ``subprocess`` baseline, side by side.
+"""``rstar-env bench sandbox``: the ``local`` fork-server pool against what users would write instead, side by side.
+
+The baseline (``python -c``) is a plain ``subprocess.run([sys.executable, "-c", code])`` per call, with no
+isolation at all: what a user picks without a sandbox library. The project's own ``subprocess`` backend (a fresh
+interpreter per call, with the worker's limits) may be added as a second reference.
 
 Workloads (each measured on every backend, at concurrency 1 and at 4x the cores, in one run):
 
@@ -8,7 +12,8 @@ Workloads (each measured on every backend, at concurrency 1 and at 4x the cores,
 
 Each (backend, workload, concurrency) cell runs ``--calls`` ops or until ``--budget-s`` seconds pass, whichever
 comes first (the baseline is slow), after a warm-up. Latency is per op as the caller sees it (queueing
-included); ops/s is ops over wall time. Ratios compare every backend with ``subprocess``.
+included); ops/s is ops over wall time. Ratios compare every backend with the ``python -c`` baseline measured in
+the same run (the baseline has no sessions: its session cells are left out).
 
 Head-of-line scenarios (each backend at its *default* settings, median of ``--repeats`` runs):
 
@@ -31,6 +36,8 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,7 +45,50 @@ from typing import Any
 
 import click
 
-from rstar_env.sandbox import BACKENDS, Sandbox, create_sandbox
+from rstar_env.sandbox import BACKENDS, ExecResult, Sandbox, create_sandbox
+
+BASELINE = "python -c"
+"""The row every ratio is taken against: ``subprocess.run([sys.executable, "-c", code])``."""
+
+
+class PlainPython:
+    """The baseline: ``subprocess.run([sys.executable, "-c", code])`` per call, in a thread (no isolation, no
+    limits, no sessions). Quacks like a sandbox for the stateless workloads."""
+
+    def __init__(self, *, timeout_s: float = 30.0, **_options: Any) -> None:
+        self.timeout_s = timeout_s
+
+    async def __aenter__(self) -> PlainPython:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def _run(self, code: str, stdin: str, timeout_s: float) -> ExecResult:
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=timeout_s
+            )
+        except subprocess.TimeoutExpired:
+            return ExecResult("", "", "timeout", "timed out", time.perf_counter() - start)
+        status = "ok" if done.returncode == 0 else "error"
+        return ExecResult(done.stdout, done.stderr, status, None, time.perf_counter() - start)
+
+    async def execute(
+        self, code: str, *, stdin: str = "", session: str | None = None, timeout_s: float | None = None
+    ) -> ExecResult:
+        if session is not None:
+            raise ValueError("the python -c baseline has no sessions")
+        return await asyncio.to_thread(self._run, code, stdin, timeout_s or self.timeout_s)
+
+    async def close_session(self, session: str) -> None:
+        return None
+
+
+def _open(backend: str, **options: Any) -> Any:
+    return PlainPython(**options) if backend == BASELINE else create_sandbox(backend, **options)
+
 
 SYMPY_CODE = """\
 import sympy as sp
@@ -231,14 +281,16 @@ async def run_bench(
     budget_s: float,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Every (backend, workload, concurrency) cell, plus ratios against ``subprocess``."""
+    """Every (backend, workload, concurrency) cell, plus ratios against the ``python -c`` baseline."""
     rows: list[dict[str, Any]] = []
     for backend in backends:
         options: dict[str, Any] = {"max_concurrency": max(concurrencies), "timeout_s": 30.0}
         start = time.perf_counter()
-        async with create_sandbox(backend, **options) as box:
+        async with _open(backend, **options) as box:
             startup_s = time.perf_counter() - start
             for name in workloads:
+                if backend == BASELINE and name == "session":
+                    continue  # no sessions in a plain interpreter per call
                 workload = WORKLOADS[name]
                 for _ in range(3):  # warm-up: caches, spares, lazy imports of the backend itself
                     await workload.run(box, f"warmup-{name}")
@@ -251,17 +303,19 @@ async def run_bench(
 
 
 def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    base = {(r["workload"], r["concurrency"]): r for r in rows if r["backend"] == "subprocess" and "ops" in r}
+    base = {(r["workload"], r["concurrency"]): r for r in rows if r["backend"] == BASELINE and "ops" in r}
     ratios = []
     for row in rows:
         ref = base.get((row["workload"], row["concurrency"]))
-        if row["backend"] == "subprocess" or ref is None or "ops" not in row:
+        if row["backend"] == BASELINE or ref is None or "ops" not in row:
             continue
         ratios.append(
             {
                 "backend": row["backend"],
                 "workload": row["workload"],
                 "concurrency": row["concurrency"],
+                "p50_ms": row["p50_ms"],
+                "baseline_p50_ms": ref["p50_ms"],
                 "p50_speedup": ref["p50_ms"] / row["p50_ms"],
                 "throughput_ratio": row["ops_per_s"] / ref["ops_per_s"],
             }
@@ -394,14 +448,16 @@ def _print_tables(results: dict[str, Any]) -> None:
         )
         console.print(f"start-up: {startups}")
     if results.get("ratios"):
-        table = Table(title="against the subprocess baseline")
-        for column in ("backend", "workload", "conc.", "p50 speed-up", "throughput ratio"):
+        table = Table(title=f"against subprocess.run([sys.executable, '-c', code]) ({BASELINE}), same run")
+        for column in ("backend", "workload", "conc.", "p50 ms", f"{BASELINE} p50 ms", "p50 speed-up", "ops/s x"):
             table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
         for ratio in results["ratios"]:
             table.add_row(
                 ratio["backend"],
                 ratio["workload"],
                 str(ratio["concurrency"]),
+                f"{ratio['p50_ms']:.1f}",
+                f"{ratio['baseline_p50_ms']:.1f}",
                 f"{ratio['p50_speedup']:.1f}x",
                 f"{ratio['throughput_ratio']:.1f}x",
             )
@@ -442,7 +498,13 @@ def _print_tables(results: dict[str, Any]) -> None:
     multiple=True,
     default=("local", "subprocess"),
     show_default=True,
-    help="Backends to compare (repeatable); ratios are against subprocess.",
+    help="Backends to compare (repeatable); ratios are against the python -c baseline.",
+)
+@click.option(
+    "--baseline/--no-baseline",
+    default=True,
+    show_default=True,
+    help="Also measure subprocess.run([sys.executable, '-c', code]) per call, the reference of every ratio.",
 )
 @click.option(
     "--workload",
@@ -474,6 +536,7 @@ def command(
     soak_calls: int,
     as_json: bool,
     repeats: int,
+    baseline: bool,
 ) -> None:
     """Latency and throughput of the local sandbox pool against a fresh interpreter per call."""
     unknown = sorted(set(backends) - set(BACKENDS))
@@ -486,8 +549,9 @@ def command(
         results: dict[str, Any] = {}
         cells = [w for w in workloads if w in WORKLOADS]
         scenarios = [w for w in workloads if w in SCENARIOS]
-        if calls > 0 and backends and cells:
-            results = await run_bench(list(backends), cells, levels, calls, budget_s, progress)
+        measured = [BASELINE, *backends] if baseline else list(backends)
+        if calls > 0 and measured and cells:
+            results = await run_bench(measured, cells, levels, calls, budget_s, progress)
         if scenarios and backends and repeats > 0:
             results["scenarios"] = await run_scenarios(list(backends), scenarios, repeats, progress)
         if soak_calls > 0:

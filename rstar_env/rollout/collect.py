@@ -7,6 +7,10 @@ Batching is the policy's business, not the collector's: the local transformers p
 together into one forward batch (a micro-batching queue), the OpenAI policy sends each request as it comes under a
 concurrency limit, and the multi-engine dispatcher routes each to an engine with free KV capacity.
 
+Reproducible sampling: each request carries its own seed, :func:`stream_seed` of (run seed, problem id, sample
+index, turn). A local model draws each row's tokens from that row's own generator, an endpoint gets it as the
+request's ``seed``; which requests share a batch, and when a tool call returns, then change nothing that is drawn.
+
 Token-level truth: with a token-level policy the env is built with the policy's tokenizer. The context of each
 turn is the prompt's ids, then every action's generated ids and every feedback's ids, appended, never re-tokenized;
 :func:`trajectory_tokens` rebuilds exactly that sequence (and the action mask) for the trainer.
@@ -15,6 +19,7 @@ turn is the prompt's ids, then every action's generated ids and every feedback's
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -74,6 +79,31 @@ def context_ids(trajectory: Trajectory) -> list[int] | None:
     return trajectory_tokens(trajectory).input_ids
 
 
+def stream_seed(run_seed: int, problem_id: object, sample: int, turn: int) -> int:
+    """The seed of one request's sampling stream: a 63-bit hash of (run seed, problem id, sample index, turn).
+
+    A hash rather than arithmetic so that neighbouring runs, problems or samples never share streams, and the same
+    on every machine and Python (no ``hash()`` randomisation)."""
+    key = f"{int(run_seed)}\x1f{problem_id}\x1f{int(sample)}\x1f{int(turn)}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+def problem_key(row: dict[str, Any]) -> str:
+    """What identifies a problem in :func:`stream_seed`: its ``id``, else a digest of its text."""
+    if row.get("id") is not None:
+        return f"id:{row['id']}"
+    return "text:" + hashlib.blake2b(str(row.get("problem", "")).encode(), digest_size=8).hexdigest()
+
+
+def run_seed_of(policy: Policy) -> int | None:
+    """The seed a policy was built with (``sampling.seed``; a dispatcher's first engine's), or None."""
+    sampling = getattr(policy, "sampling", None)
+    if sampling is None and getattr(policy, "engines", None):
+        first = policy.engines[0]  # type: ignore[attr-defined]
+        sampling = getattr(getattr(getattr(first, "spec", first), "policy", None), "sampling", None)
+    return getattr(sampling, "seed", None)
+
+
 def jobs_for(rows: Iterable[Any], samples: int = 1, skip: Callable[[Job], bool] | None = None) -> list[Job]:
     """``samples`` jobs per row (rows are dicts or records with ``to_dict``), minus those ``skip`` says are done."""
     jobs = []
@@ -92,6 +122,7 @@ async def iter_collect(
     *,
     width: int = 32,
     env: MathToolVectorEnv | None = None,
+    seed: int | None = None,
     **env_options: Any,
 ) -> AsyncIterator[tuple[Job, Trajectory]]:
     """Yield ``(job, trajectory)`` as each episode ends (in completion order).
@@ -99,8 +130,10 @@ async def iter_collect(
     Each trajectory's ``metadata`` holds ``sample`` (which of the row's samples) and the policy's finish reasons.
     ``env``: a vector env to run on (its sub-envs are the slots; ``width`` is then its size); otherwise one of
     ``min(width, len(jobs))`` slots is built from ``env_options`` with the policy's tokenizer, and closed at the end.
-    Jobs start in the order given. An exception in one episode (a bug: policies and the env report failures in the
-    trajectory) stops the others and is raised here; so does abandoning the iterator.
+    ``seed``: the run seed of every request's :func:`stream_seed` (default: the policy's ``sampling.seed``; with
+    neither, requests carry no seed and the policy samples from its own stream, which is not reproducible once
+    episodes overlap). Jobs start in the order given. An exception in one episode (a bug: policies and the env
+    report failures in the trajectory) stops the others and is raised here; so does abandoning the iterator.
     """
     if not jobs:
         return
@@ -110,6 +143,8 @@ async def iter_collect(
     if env is None:
         env = MathToolVectorEnv(min(width, len(jobs)), tokenizer=policy.tokenizer, **env_options)
     slots: list[MathToolEnv] = env.envs
+    if seed is None:
+        seed = run_seed_of(policy)
     pending = deque(jobs)
     finished: asyncio.Queue[tuple[Job, Trajectory] | BaseException] = asyncio.Queue()
 
@@ -117,7 +152,7 @@ async def iter_collect(
         try:
             while pending:
                 job = pending.popleft()
-                trajectory = await _episode(slot, job, policy)
+                trajectory = await _episode(slot, job, policy, seed)
                 finished.put_nowait((job, trajectory))
         except asyncio.CancelledError:
             raise
@@ -139,12 +174,18 @@ async def iter_collect(
             await asyncio.gather(*(e.aclose() for e in reversed(slots)))
 
 
-async def _episode(slot: MathToolEnv, job: Job, policy: Policy) -> Trajectory:
+async def _episode(slot: MathToolEnv, job: Job, policy: Policy, seed: int | None = None) -> Trajectory:
     """One episode on ``slot``, start to end: reset, then generate and step until it ends."""
     await slot.areset(options=job.row)
     key = uuid.uuid4().hex
+    problem = problem_key(job.row)
+    turn = 0
     while True:
-        generations = await policy.generate([_request(slot, policy, key)])
+        request = _request(slot, policy, key)
+        if seed is not None:
+            request.seed = stream_seed(seed, problem, job.sample, turn)
+        turn += 1
+        generations = await policy.generate([request])
         if len(generations) != 1:
             raise RuntimeError(f"policy returned {len(generations)} generations for 1 request")
         trajectory = await _step(slot, generations[0])

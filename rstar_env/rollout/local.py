@@ -7,6 +7,12 @@ Hugging Face model directory or ``.gguf`` file works too. No model hub is contac
 Generation is a KV-cached sampling loop of our own rather than ``model.generate``: it stops each row at its own
 end-of-turn token or ``</tool_call>``, and records exactly the ids it sampled with their log-probs under the
 sampling distribution. Those ids, never a re-tokenization of the text, are what trainers learn on.
+
+Each row draws its tokens from its own generator, seeded by the request's ``seed`` (see
+:func:`rstar_env.rollout.collect.stream_seed`): one uniform number per token, turned into a token by the inverse
+CDF of that row's distribution. The uniforms come from CPU generators, so they are the same on every device; which
+rows share a batch changes only the floating-point noise of the logits, which flips a draw only when a uniform
+falls within that noise of a CDF boundary (rare, and not excluded).
 """
 
 from __future__ import annotations
@@ -112,6 +118,8 @@ class _Row:
     cap: int
     ids: list[int]
     logprobs: list[float]
+    generator: Any = None
+    """This row's own sampling stream (a CPU ``torch.Generator``)."""
     finish: str | None = None
 
 
@@ -125,6 +133,9 @@ class TransformersPolicy:
         batch_size: rows generated together (sorted by context length to waste little padding).
         stop_on_tool_call: end a turn right after ``</tool_call>`` (the env then runs the call).
         batch_window_s: how long an idle model waits for more requests to join a batch that is not full.
+        dtype: ``float32`` (default) or ``bfloat16`` / ``float16``: the compute precision of the forward passes
+            (autocast; a model loaded here by name is loaded in it too). Sampling itself runs in float32 on the
+            float32 logits.
 
     **Micro-batching.** ``generate`` puts its requests on a queue and waits for their results. One drain task per
     event loop takes up to ``batch_size`` queued requests into one forward batch, in arrival order; while the model
@@ -143,14 +154,16 @@ class TransformersPolicy:
         device: str = "cpu",
         stop_on_tool_call: bool = True,
         batch_window_s: float = 0.005,
+        dtype: str = "float32",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
         self.torch = _require_torch()
+        self.dtype = check_dtype(dtype, device)
         if model is None or isinstance(model, str | os.PathLike):
-            self.model, self.tokenizer = load_model(model, device=device)
+            self.model, self.tokenizer = load_model(model, device=device, dtype=dtype)
         else:
             if tokenizer is None:
                 raise ValueError("pass the tokenizer with an already loaded model")
@@ -161,7 +174,8 @@ class TransformersPolicy:
         self.stop_on_tool_call = stop_on_tool_call
         self.eos_ids = _eos_ids(self.tokenizer, self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self._generator = self.torch.Generator(device=device)
+        # Seeds the streams of requests that carry no seed of their own (a CPU generator, like the rows').
+        self._generator = self.torch.Generator()
         self._generator.manual_seed(self.sampling.seed if self.sampling.seed is not None else 0)
         self._lock = threading.Lock()  # one batch at a time on the model
         self.tokens_generated = 0
@@ -222,7 +236,12 @@ class TransformersPolicy:
             if request.context_ids is None:
                 raise ValueError("TransformersPolicy needs context_ids: build the env with tokenizer=policy.tokenizer")
             cap = min(self.sampling.max_new_tokens, request.max_new_tokens or self.sampling.max_new_tokens)
-            rows.append(_Row(list(request.context_ids), max(cap, 1), [], []))
+            seed = request.seed
+            if seed is None:  # no stream of its own: one from the policy's, in request order
+                seed = int(self.torch.randint(0, 2**62, (1,), generator=self._generator))
+            generator = self.torch.Generator()
+            generator.manual_seed(seed)
+            rows.append(_Row(list(request.context_ids), max(cap, 1), [], [], generator))
         order = sorted(range(len(rows)), key=lambda i: len(rows[i].context))
         with self._lock:
             start = time.perf_counter()
@@ -249,7 +268,7 @@ class TransformersPolicy:
             unique.setdefault(tuple(r.context), len(unique))
         contexts = list(unique)
         temperature, top_p = self.sampling.temperature, self.sampling.top_p
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self.dtype, self.device):
             past, mask, positions, logits = self._prefill(contexts)
             expand = torch.tensor([unique[tuple(r.context)] for r in rows], device=self.device)
             if len(contexts) != len(rows):
@@ -263,7 +282,7 @@ class TransformersPolicy:
                     logprobs = torch.log_softmax(logits, -1).gather(-1, chosen[:, None])[:, 0]
                 else:
                     logp = torch.log_softmax(logits / temperature, -1)
-                    chosen = _sample_top_p(logp, top_p, self._generator)
+                    chosen = _sample_rows(logp, top_p, [r.generator for r in live])
                     logprobs = logp.gather(-1, chosen[:, None])[:, 0]
                 for i, r in enumerate(live):
                     if r.finish is None:
@@ -284,9 +303,10 @@ class TransformersPolicy:
                 step_pos = step_pos + 1
                 mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], dim=1)
                 out = self.model(
-                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=past, use_cache=True
+                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, use_cache=True,
+                    **_cache_kwarg(self.model, past),
                 )
-                past = out.past_key_values
+                past = _cache_of(out)
                 logits = out.logits[:, -1, :].float()
 
     def _prefill(self, contexts: list[tuple[int, ...]]) -> tuple[Any, Any, Any, Any]:
@@ -315,7 +335,7 @@ class TransformersPolicy:
         mask = rest_mask
         if shared:
             head = torch.tensor([contexts[0][:shared]], dtype=torch.long, device=self.device)
-            past = self.model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
+            past = _cache_of(self.model(input_ids=head, use_cache=True, logits_to_keep=1))
             past.reorder_cache(torch.zeros(len(contexts), dtype=torch.long, device=self.device))
             mask = torch.cat([torch.ones((len(contexts), shared), dtype=torch.long, device=self.device), rest_mask], 1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
@@ -324,8 +344,9 @@ class TransformersPolicy:
         for lo in range(0, width, _PREFILL_CHUNK):
             hi = min(lo + _PREFILL_CHUNK, width)
             out = self.model(input_ids=ids[:, lo:hi], attention_mask=mask[:, : shared + hi],
-                             position_ids=positions[:, lo:hi], past_key_values=past, use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
+                             position_ids=positions[:, lo:hi], use_cache=True, logits_to_keep=1,
+                             **_cache_kwarg(self.model, past))
+            past = _cache_of(out)
         return past, mask, positions, out.logits[:, -1, :].float()
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
@@ -348,6 +369,27 @@ _MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are prefilled with the rest: a separate pass would cost more than it saves."""
 
 
+def _cache_kwarg(model: Any, cache: Any) -> dict[str, Any]:
+    """The KV cache as the model's forward takes it: ``cache=`` (transformers >= 5.2x), else ``past_key_values=``
+    (the older name, which newer versions still take but deprecate)."""
+    key = _CACHE_ARG.get(type(model))
+    if key is None:
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        key = _CACHE_ARG[type(model)] = "cache" if "cache" in params else "past_key_values"
+    return {key: cache}
+
+
+def _cache_of(output: Any) -> Any:
+    """The KV cache a forward returned, under its current name or the older one (read without a deprecation)."""
+    fields = getattr(output, "__dataclass_fields__", {})
+    return output.cache if "cache" in fields else output.past_key_values
+
+
+_CACHE_ARG: dict[type, str] = {}
+
+
 def _common_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
     """Tokens every context starts with, leaving each at least one token of its own (its next-token logits)."""
     first, limit = contexts[0], min(len(c) for c in contexts) - 1
@@ -357,7 +399,9 @@ def _common_prefix_length(contexts: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def _sample_top_p(logp: Any, top_p: float, generator: Any) -> Any:
+def _sample_rows(logp: Any, top_p: float, generators: Sequence[Any]) -> Any:
+    """One token per row, row ``i`` drawn with ``generators[i]`` alone: a uniform number from the row's stream,
+    mapped through the inverse CDF of the row's (top-p truncated) distribution, in vocabulary order."""
     import torch
 
     probs = logp.exp()
@@ -366,7 +410,42 @@ def _sample_top_p(logp: Any, top_p: float, generator: Any) -> Any:
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # always keeps the most likely token
         sorted_probs = sorted_probs * keep
         probs = torch.zeros_like(probs).scatter(-1, index, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    # float64 CDF: a draw flips only when the uniform falls within rounding of a boundary.
+    cdf = probs.double().cumsum(-1)
+    uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators]).to(cdf.device)
+    target = (uniforms * cdf[:, -1])[:, None]
+    # right=True: the first token whose CDF exceeds the target, never a zero-probability one.
+    chosen = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return chosen.clamp_(max=probs.shape[-1] - 1)
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(dtype: str, device: str) -> str:
+    """``dtype`` if this device computes in it; otherwise a clear error naming what to use instead."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    torch = _require_torch()
+    if dtype == "bfloat16" and device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch sees no CUDA GPU (torch {torch.__version__})")
+        if not torch.cuda.is_bf16_supported():
+            raise ValueError(f"{torch.cuda.get_device_name(device)} has no bfloat16: use dtype float16 or float32")
+    if dtype == "float16" and device == "cpu":
+        raise ValueError("float16 is for GPUs: on a CPU use float32 (or bfloat16 where the CPU has it)")
+    return dtype
+
+
+def autocast(dtype: str, device: str) -> Any:
+    """The forward passes' precision: a no-op for float32, ``torch.autocast`` otherwise. Weights stay in the dtype
+    they were loaded in (a trainer keeps float32 master weights: a 1e-6 update would vanish in bfloat16)."""
+    import contextlib
+
+    torch = _require_torch()
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> set[int]:

@@ -101,8 +101,10 @@ class OpenAIPolicy:
         base_url: the API root, e.g. ``http://localhost:8000/v1``.
         model: the served model name.
         api_key: sent as a bearer token; default ``$OPENAI_API_KEY``, else ``"EMPTY"`` (what vLLM accepts).
-        sampling: temperature, top-p, per-turn token cap; a ``seed`` becomes ``seed + n`` for the n-th request this
-            policy sends (so the samples of one group differ, and a rerun in the same order repeats them).
+        sampling: temperature, top-p, per-turn token cap, seed. Each request is sent with a ``seed`` (vLLM and
+            OpenAI take one per request): the request's own (the collector derives it from run seed, problem id,
+            sample index and turn, so a rerun draws the same tokens whatever the order of requests), else
+            ``seed + n`` for the n-th request this policy sends; none when neither is set.
         tools: OpenAI tool schemas sent as ``tools=`` so the server's tool parser returns native ``tool_calls``;
             ``None`` sends none (the system prompt must then describe the tools, and calls come back as text).
         native_tools: how earlier turns are sent back: assistant ``tool_calls`` + ``tool`` messages (``True``), or
@@ -194,8 +196,11 @@ class OpenAIPolicy:
         """One generation per request, run concurrently (at most ``max_concurrency`` in flight)."""
         client, semaphore = self._bind()
         seeds = []
-        for _ in requests:  # seeds in request order, before any concurrency
-            seeds.append(None if self.sampling.seed is None else self.sampling.seed + self._sent)
+        for request in requests:  # seeds in request order, before any concurrency
+            if request.seed is not None:
+                seeds.append(request.seed)
+            else:
+                seeds.append(None if self.sampling.seed is None else self.sampling.seed + self._sent)
             self._sent += 1
         jobs = [self._generate_one(client, semaphore, r, s) for r, s in zip(requests, seeds, strict=True)]
         return list(await asyncio.gather(*jobs))

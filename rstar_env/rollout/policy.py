@@ -32,6 +32,10 @@ class Request:
     episode: str | None = None
     """A key that stays the same across one episode's turns (the collector sets it); a multi-engine dispatcher
     sends later turns to the engine that served the earlier ones, whose prefix cache holds the context."""
+    seed: int | None = None
+    """This request's own sampling stream (the collector derives it from run seed, problem id, sample index and
+    turn): a policy draws the request's tokens from it alone, so batch composition and tool timing do not change
+    what is drawn. ``None``: the policy's own stream."""
 
 
 @dataclass

@@ -13,33 +13,66 @@ turn: none binds an asyncio primitive to a loop at construction.
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-ExecStatus = Literal["ok", "error", "timeout", "crashed", "output_limit"]
-"""``ok``: ran to the end. ``error``: raised an exception (``error`` holds its summary). ``timeout``: killed at
-the wall-clock limit. ``crashed``: the interpreter died (signal, memory bomb, killed parent, dead sandbox).
-``output_limit``: produced more output than the backend keeps, and was stopped."""
+from rstar_env.outcomes import EXEC_STATUSES, Outcome, exec_status
 
-EXEC_STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "crashed", "output_limit")
+ExecStatus = Literal["ok", "exception", "timeout", "crash", "output_limit"]
+"""``ok``: ran to the end. ``exception``: raised an exception (``message`` holds its summary). ``timeout``: killed
+at the wall-clock limit. ``crash``: the interpreter died (signal, memory bomb, killed parent, dead sandbox).
+``output_limit``: produced more output than the backend keeps, and was stopped. The names are those of
+``ToolResult.error`` (:mod:`rstar_env.outcomes`); the former ``"error"`` and ``"crashed"`` still work, with a
+:class:`DeprecationWarning`."""
+
+_UNSET: Any = object()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ExecResult:
-    """The outcome of one ``execute`` call."""
+    """The outcome of one ``execute`` call: ``ExecResult(stdout, stderr, status, message, duration_s)``.
+
+    ``status`` is an :class:`~rstar_env.outcomes.Outcome` (a ``str``); ``message`` says what went wrong (the
+    exception's summary, why the interpreter died), ``None`` when the code ran to the end. ``error=`` and ``.error``
+    are the former names of ``message``, kept with a :class:`DeprecationWarning`.
+    """
 
     stdout: str
     stderr: str
     status: ExecStatus
-    error: str | None = None
+    message: str | None = None
     duration_s: float = field(default=0.0, compare=False)
     """Run time: from when a worker took the call (the timeout counts from there) to its end."""
     queue_s: float = field(default=0.0, compare=False)
     """Time the call waited before it started running (for a free slot, its session's turn, a worker)."""
 
-    def __post_init__(self) -> None:
-        if self.status not in EXEC_STATUSES:
-            raise ValueError(f"ExecResult.status must be one of {EXEC_STATUSES}, got {self.status!r}")
+    def __init__(
+        self,
+        stdout: str,
+        stderr: str,
+        status: str,
+        message: str | None = None,
+        duration_s: float = 0.0,
+        queue_s: float = 0.0,
+        *,
+        error: str | None = _UNSET,
+    ) -> None:
+        if error is not _UNSET:
+            warnings.warn("ExecResult(error=...) is now ExecResult(message=...)", DeprecationWarning, stacklevel=2)
+            if message is not None:
+                raise TypeError("ExecResult got both message= and its former name error=: pass message= only")
+            message = error
+        for name, value in (("stdout", stdout), ("stderr", stderr), ("message", message),
+                            ("duration_s", duration_s), ("queue_s", queue_s)):  # fmt: skip
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "status", exec_status(status, stacklevel=2))
+
+    @property
+    def error(self) -> str | None:
+        """Deprecated: the former name of :attr:`message` (``ToolResult.error`` is a kind, this is a message)."""
+        warnings.warn("ExecResult.error is now ExecResult.message", DeprecationWarning, stacklevel=2)
+        return self.message
 
     @property
     def ok(self) -> bool:
@@ -49,8 +82,8 @@ class ExecResult:
         return {
             "stdout": self.stdout,
             "stderr": self.stderr,
-            "status": self.status,
-            "error": self.error,
+            "status": str(self.status),
+            "message": self.message,
             "duration_s": self.duration_s,
             "queue_s": self.queue_s,
         }
@@ -115,4 +148,13 @@ def create_sandbox(backend: str = "local", **options: Any) -> Sandbox:
     return getattr(module, class_name)(**options)
 
 
-__all__ = ["BACKENDS", "EXEC_STATUSES", "ExecResult", "ExecStatus", "Sandbox", "SandboxError", "create_sandbox"]
+__all__ = [
+    "BACKENDS",
+    "EXEC_STATUSES",
+    "ExecResult",
+    "ExecStatus",
+    "Outcome",
+    "Sandbox",
+    "SandboxError",
+    "create_sandbox",
+]

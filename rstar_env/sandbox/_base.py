@@ -54,7 +54,7 @@ class ThreadedSandbox(abc.ABC):
     Stateful sessions: calls with the same ``session`` run in one worker, one at a time, in the order they were
     made (a session call runs even if its caller is cancelled, to keep that order). A call that ends its worker
     (a timeout, the output limit, a crash) ends the session's state: the next call starts a fresh interpreter. If
-    the worker died *between* calls, the next call returns ``crashed`` ("its state is lost") without running, and
+    the worker died *between* calls, the next call returns ``crash`` ("its state is lost") without running, and
     the call after it starts a fresh interpreter.
     """
 
@@ -261,7 +261,7 @@ class ThreadedSandbox(abc.ABC):
             finally:
                 worker.close()
             # A worker that never started (its pool died under the request) ran nothing: retry once.
-            if outcome.result.status == "crashed" and not worker.started and attempt == 0:
+            if outcome.result.status == "crash" and not worker.started and attempt == 0:
                 continue
             return _queued(outcome, submitted)
         raise AssertionError("unreachable")
@@ -273,7 +273,7 @@ class ThreadedSandbox(abc.ABC):
             state.worker.close()
             state.worker = None
             lost = "the session's interpreter died between calls; its state is lost"
-            return ExecResult("", "", "crashed", lost, queue_s=time.monotonic() - submitted)
+            return ExecResult("", "", "crash", lost, queue_s=time.monotonic() - submitted)
         for attempt in range(2):
             if state.worker is None:
                 state.worker = self._spawn(session=True)
@@ -282,7 +282,7 @@ class ThreadedSandbox(abc.ABC):
             if not outcome.worker_alive:
                 worker.close()
                 state.worker = None
-                if outcome.result.status == "crashed" and not worker.started and attempt == 0:
+                if outcome.result.status == "crash" and not worker.started and attempt == 0:
                     continue  # the pool died before the worker existed: nothing ran, so run it again
             return _queued(outcome, submitted)
         raise AssertionError("unreachable")

@@ -272,15 +272,15 @@ def _result(
     if stop == "timeout":
         status, error = "timeout", f"timed out after {timeout_s:g} s"
     elif stop == "no_worker":
-        status, error = "crashed", f"no sandbox worker took the call within {START_WAIT_S:g} s"
+        status, error = "crash", f"no sandbox worker took the call within {START_WAIT_S:g} s"
     elif stop == "output_limit" or (reply is not None and output.over):
         status, error = "output_limit", f"output exceeded {output.limit} bytes"
     elif stop == "protocol" or reason == "tamper":
-        status, error = "crashed", "the code tampered with the sandbox channel"
+        status, error = "crash", "the code tampered with the sandbox channel"
     elif reason == "cpu":
-        status, error = "crashed", "CPU time limit exceeded (counting every process the code started)"
+        status, error = "crash", "CPU time limit exceeded (counting every process the code started)"
     elif reason == "threads":
-        status, error = "error", THREADS_LEFT
+        status, error = "exception", THREADS_LEFT
         stderr += ("" if not stderr or stderr.endswith("\n") else "\n") + THREADS_LEFT + "\n"
     elif isinstance(reply, dict) and reply.get("status") in ("ok", "error"):
         status = reply["status"]
@@ -288,16 +288,17 @@ def _result(
         error = str(error) if error is not None else ("error" if status == "error" else None)
     else:
         status, error = _death(worker, exit_message if dead else None)
-    return ExecResult(stdout=stdout, stderr=stderr, status=status, error=error, duration_s=duration)  # type: ignore[arg-type]
+    status = "exception" if status == "error" else status  # the worker's wire name -> the outcome name
+    return ExecResult(stdout=stdout, stderr=stderr, status=status, message=error, duration_s=duration)  # type: ignore[arg-type]
 
 
 def _death(worker: Worker, exit_message: dict[str, Any] | None) -> tuple[str, str | None]:
     """Status and summary of a worker that died without a result."""
     if exit_message is not None and exit_message.get("error"):
-        return "crashed", str(exit_message["error"])
+        return "crash", str(exit_message["error"])
     code = worker.returncode(exit_message)
     if code is None:
-        return "crashed", "the sandbox died (its pool was killed or restarted)"
+        return "crash", "the sandbox died (its pool was killed or restarted)"
     if code == 0:
         return "ok", None
     if code < 0:
@@ -307,6 +308,6 @@ def _death(worker: Worker, exit_message: dict[str, Any] | None) -> tuple[str, st
         except ValueError:
             name, what = f"signal {-code}", f"signal {-code}"
         if -code == signal.SIGXCPU:
-            return "crashed", "CPU time limit exceeded"
-        return "crashed", f"the interpreter was killed by {name} ({what})"
-    return "crashed", f"the interpreter exited with status {code}"
+            return "crash", "CPU time limit exceeded"
+        return "crash", f"the interpreter was killed by {name} ({what})"
+    return "crash", f"the interpreter exited with status {code}"

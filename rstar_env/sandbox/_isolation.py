@@ -4,19 +4,21 @@ Preference order for ``isolation="auto"``:
 
 1. **bubblewrap** (``bwrap``): new PID, network (unless ``network=True``), IPC, UTS and mount namespaces. The
    filesystem is built from an allowlist (:func:`visible_paths`): the system directories (``/usr``, ``/lib*``,
-   ``/bin``, ``/sbin``), a few files of ``/etc`` the loader and libc read, and the interpreter's prefixes and
-   import paths, all read-only at their own paths; a minimal ``/dev``, a fresh ``/proc``, an empty ``/tmp``, and
-   the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the interpreter), project checkout
-   or ``/etc/shadow``. The zygote is PID 1.
+   ``/bin``, ``/sbin``), a few files of ``/etc`` the loader and libc read, and the interpreter's install
+   locations (prefixes and site-packages folders), all read-only at their own paths; a minimal ``/dev``, a fresh
+   ``/proc``, an empty ``/tmp``, and the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the
+   interpreter), script folder, working directory, ``PYTHONPATH`` entry, project checkout or ``/etc/shadow``.
+   The zygote is PID 1.
 2. **unshare** (util-linux): new PID, IPC, mount and network namespaces with a fresh ``/proc`` (the zygote is
    PID 1), but the host filesystem as the worker's uid sees it, except that a private directory holding the
    interpreter (``/root``) is covered, with only the interpreter bound back (:func:`._limits.expose_interpreter`).
 3. **none**: the zygote is a plain subreaper process.
 
-On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC namespace and its own
-empty ``/tmp``, ``/dev/shm`` and ``/proc`` view, set up in the spare before it takes a call
-(:func:`._limits.private_namespaces`), so they cost nothing on a call's latency. Whatever cannot be had is named
-in a single warning.
+On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC and network namespaces
+and its own empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (:func:`._limits.private_namespaces`), a cgroup
+(:mod:`._cgroup`) and a syscall filter (:mod:`._seccomp`), set up in the spare before it takes a call, so they
+cost nothing on a call's latency. Whatever cannot be had is named in a single warning. The user-facing account
+is ``docs/security.md``.
 """
 
 from __future__ import annotations
@@ -74,7 +76,6 @@ class Isolation:
         """The wrapper's command-line prefix; ``writable`` is the one host directory the pool may write."""
         if self.kind == "none":
             return []
-        _refuse_interpreter_under_tmp(visible_paths(python))
         if self.kind == "bwrap":
             return _bwrap_prefix(self.network, writable, visible_paths(python))
         return _unshare_prefix(self.network)
@@ -84,57 +85,69 @@ class Isolation:
         return PACKAGE_MOUNT if self.kind == "bwrap" else host_dir
 
 
+ISOLATION_NONE_ADVICE = (
+    "isolation='none' (in a YAML config: `tools: [{name: python, options: {sandbox_options: {isolation: none}}}]`)"
+)
+"""How to run without the wrapper, in both the forms users write it."""
+
+
 @functools.cache
 def visible_paths(python: str | None = None) -> tuple[str, ...]:
-    """The interpreter's prefixes and import paths that exist, minus project checkouts (an editable install
-    puts one on ``sys.path``; sandboxed code has no business reading it) and import paths under ``/tmp`` (the
-    caller's working directory or a ``PYTHONPATH`` entry there: each worker's ``/tmp`` is its own, and the
-    interpreter does not need them). Asks ``python`` itself when given."""
+    """What the sandbox's view holds of the interpreter: the install locations, and nothing else.
+
+    * its prefixes (``sys.prefix``, ``sys.base_prefix``, ``sys.exec_prefix``): the interpreter, the standard
+      library and, for a virtual environment, ``pyvenv.cfg`` and the base interpreter it points to;
+    * its site-packages folders (``site.getsitepackages()`` and the user site): the installed packages;
+    * the folder of the interpreter's executable once its links are followed (outside the prefixes for some
+      installs).
+
+    Never ``sys.path[0]`` (the caller's script folder), the working directory, ``PYTHONPATH`` entries or a
+    project checkout put on the path by an editable install: user data lives there, and the model's code needs
+    none of it. Paths under ``/tmp`` are kept (:func:`tmp_paths` binds them back over each private ``/tmp``).
+    Asks ``python`` itself when given.
+    """
+    query = (
+        "import json, os, site, sys\n"
+        "user = site.getusersitepackages() if site.ENABLE_USER_SITE else ''\n"
+        "print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,"
+        " os.path.dirname(os.path.realpath(sys.executable)), *site.getsitepackages(), user]))"
+    )
     if python is None:
-        prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-        imports = list(sys.path)
+        import site
+
+        user = site.getusersitepackages() if site.ENABLE_USER_SITE else ""
+        exe_dir = os.path.dirname(os.path.realpath(sys.executable))
+        prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, exe_dir]
+        candidates = [*prefixes, *site.getsitepackages(), user]
     else:
-        query = "import json, sys; print(json.dumps([[sys.prefix, sys.base_prefix, sys.exec_prefix], sys.path]))"
         try:
             done = subprocess.run([python, "-c", query], capture_output=True, text=True, timeout=60, check=True)
-            prefixes, imports = json.loads(done.stdout)
+            candidates = json.loads(done.stdout)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             from . import SandboxError
 
-            raise SandboxError(f"cannot ask {python} for its import paths: {exc}") from exc
-        prefixes.append(os.path.dirname(os.path.realpath(python)))
-    candidates = [*prefixes, *(p for p in imports if not _under_tmp(os.path.normpath(p)) if p)]
+            raise SandboxError(f"cannot ask {python} for its install locations: {exc}") from exc
     found: list[str] = []
     for path in candidates:
-        if not path or not os.path.isabs(path) or not os.path.exists(path):
+        if not path or not os.path.isabs(path) or not os.path.isdir(path):
             continue
         path = os.path.normpath(path)
         if path == os.sep:
             continue  # binding the root would show the whole host
-        if os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in ("pyproject.toml", ".git")):
-            continue
         if any(path == kept or path.startswith(kept + os.sep) for kept in found):
             continue
         found = [kept for kept in found if not kept.startswith(path + os.sep)] + [path]
     return tuple(found)
 
 
+def tmp_paths(paths: tuple[str, ...]) -> list[str]:
+    """The ones of ``paths`` under ``/tmp``: each worker's private ``/tmp`` would hide them, so they are bound
+    back over it, read-only (a virtual environment made with ``python -m venv /tmp/venv`` works)."""
+    return [p for p in paths if _under_tmp(p)]
+
+
 def _under_tmp(path: str) -> bool:
     return path == "/tmp" or path.startswith("/tmp/")
-
-
-def _refuse_interpreter_under_tmp(paths: tuple[str, ...]) -> None:
-    # Every worker gets its own empty /tmp, which would hide an interpreter or package living there: say so at
-    # start-up rather than fail every call with "No such file or directory".
-    under = [p for p in paths if _under_tmp(p)]
-    if under:
-        from . import SandboxError
-
-        raise SandboxError(
-            f"the sandbox's Python lives under /tmp ({under[0]}), which each sandbox replaces with a private, empty "
-            "/tmp; put the virtual environment elsewhere (e.g. ~/.venvs/rstar), or pass isolation='none' "
-            "to run without the sandbox's filesystem view"
-        )
 
 
 def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ...] = ()) -> list[str]:
@@ -155,20 +168,30 @@ def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ..
     for path in ETC_FILES + (NETWORK_ETC_FILES if network else ()):
         prefix += ["--ro-bind-try", path, path]
     made: set[str] = {"/etc", os.path.dirname(PACKAGE_MOUNT)}
-    for path in interpreter_paths:
-        if any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
-            continue
+
+    def bind(path: str) -> list[str]:
+        args = []
         parents = []
         parent = os.path.dirname(path)
         while parent not in ("/", "") and parent not in made:
             parents.append(parent)
             parent = os.path.dirname(parent)
         for directory in reversed(parents):
-            prefix += ["--perms", "0755", "--dir", directory]
+            args += ["--perms", "0755", "--dir", directory]
             made.add(directory)
-        prefix += ["--ro-bind", path, path]
+        return [*args, "--ro-bind", path, path]
+
+    under_tmp = tmp_paths(interpreter_paths)
+    for path in interpreter_paths:
+        if path in under_tmp or any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
+            continue
+        prefix += bind(path)
     prefix += ["--ro-bind", PACKAGE_DIR, PACKAGE_MOUNT]
-    prefix += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", writable, writable]
+    prefix += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    made.add("/tmp")
+    for path in under_tmp:  # over the empty /tmp (bwrap applies its options in order)
+        prefix += bind(path)
+    prefix += ["--bind", writable, writable]
     # A small shared-memory tmpfs, for multiprocessing's semaphores; each worker mounts its own over it.
     prefix += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
     return [*prefix, "--"]
@@ -213,7 +236,7 @@ def choose_isolation(mode: str, *, network: bool) -> Isolation:
         if why is None:
             return Isolation("bwrap", network, True, True)
         if mode == "bwrap":
-            raise SandboxError(f"isolation='bwrap' is unavailable: {why}")
+            raise SandboxError(f"isolation='bwrap' is unavailable: {why}; or pass {ISOLATION_NONE_ADVICE}")
         reasons.append(why)
     if mode in ("auto", "unshare"):
         why = _works("unshare", network)
@@ -226,7 +249,7 @@ def choose_isolation(mode: str, *, network: bool) -> Isolation:
             )
             return Isolation("unshare", network, True, False, missing)
         if mode == "unshare":
-            raise SandboxError(f"isolation='unshare' is unavailable: {why}")
+            raise SandboxError(f"isolation='unshare' is unavailable: {why}; or pass {ISOLATION_NONE_ADVICE}")
         reasons.append(why)
     cause = "; ".join(reasons) or "isolation='none' was asked for"
     missing = ("PID namespace", "a filesystem built from an allowlist (code can read every host file its uid may)")

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import resource
+import socket
+import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -129,6 +132,7 @@ def drop_privileges(uid: int | None, *, keep_read_search: bool = False) -> None:
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
@@ -141,27 +145,54 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise OSError(errno, f"mount {target}: {os.strerror(errno)}")
 
 
-def private_namespaces(tmp_mb: int) -> None:
-    """Give this process (and what it starts) its own IPC namespace and its own, empty ``/tmp``, ``/dev/shm``
-    and ``/proc`` view. Needs CAP_SYS_ADMIN; call before :func:`drop_privileges`. Raises OSError if it cannot.
+def private_namespaces(tmp_mb: int, *, network: bool = True, tmp_binds: list[str] | tuple[str, ...] = ()) -> None:
+    """Give this process (and what it starts) its own IPC namespace (and, with ``network=False``, its own
+    network namespace with only a loopback interface) and its own, empty ``/tmp``, ``/dev/shm`` and ``/proc``
+    view. Needs CAP_SYS_ADMIN; call before :func:`drop_privileges`. Raises OSError if it cannot.
 
-    Everything here dies with the last process of the worker: SysV segments, message queues and files in
-    ``/tmp`` or ``/dev/shm`` cannot outlive the call or reach another one. ``/proc`` is mounted with
-    ``hidepid=invisible``, so the code sees only processes of its own uid (its own, with a private uid).
+    Everything here dies with the last process of the worker: SysV segments, message queues, sockets bound on
+    loopback or in the abstract namespace, and files in ``/tmp`` or ``/dev/shm`` cannot outlive the call or reach
+    another one. ``/proc`` is mounted with ``hidepid=invisible``, so the code sees only processes of its own uid
+    (its own, with a private uid). ``tmp_binds``: folders under ``/tmp`` (an interpreter installed there) bound
+    back, read-only, over the new ``/tmp``.
     """
     libc = _proctree._libc
-    if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+    flags = CLONE_NEWNS | CLONE_NEWIPC | (0 if network else CLONE_NEWNET)
+    if libc.unshare(flags) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"unshare: {os.strerror(errno)}")
+    if not network:
+        _loopback_up()
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here propagates back to the pool
-    options = f"size={tmp_mb}m,mode=1777"
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in tmp_binds}
+    try:
+        options = f"size={tmp_mb}m,mode=1777"
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
+        for path, fd in handles.items():
+            os.makedirs(path, 0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+            _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+    finally:
+        for fd in handles.values():
+            os.close(fd)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
     try:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
     except OSError:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")  # kernels before 5.8
+
+
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _loopback_up() -> None:
+    # A new network namespace has its loopback down: code that serves on 127.0.0.1 (a multiprocessing manager)
+    # would fail. Up, it reaches only this worker's own sockets.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def _last_cap() -> int:

@@ -19,11 +19,12 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import SandboxError, _client, _isolation, _limits, _protocol, _spawn
+from . import SandboxError, _cgroup, _client, _isolation, _limits, _protocol, _spawn
 
 logger = logging.getLogger("rstar_env.sandbox")
 
@@ -64,8 +65,10 @@ class _Zygote:
         dispatch: socket.socket,
         base_dir: str,
         info: dict[str, Any],
+        cgroup: _cgroup.PoolCgroup | None = None,
     ) -> None:
         self.proc, self.control, self.dispatch, self.base_dir, self.info = proc, control, dispatch, base_dir, info
+        self.cgroup = cgroup
         self.control_lock = threading.Lock()
         self.broken = False
         # The wrapper (unshare, bwrap) outlives the zygote for a moment and holds copies of our sockets, so
@@ -123,7 +126,47 @@ def _stop(zygote: _Zygote) -> None:
         zygote.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             zygote.proc.wait(timeout=2)
+    if zygote.cgroup is not None:
+        zygote.cgroup.remove()  # kills anything left in it: no worker outlives its pool
     shutil.rmtree(zygote.base_dir, ignore_errors=True)
+
+
+BASE_DIR_PREFIX = "rstar-sandbox-"
+
+
+def reap_stale_dirs(tmp: str | None = None) -> list[str]:
+    """Remove the folders of pools whose process is gone (killed without ``close()``); returns them.
+
+    A pool's folder is named ``rstar-sandbox-<pid>-<random>``; an older, unnumbered one is removed only when it is
+    empty and untouched for a day.
+    """
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(tmp))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(BASE_DIR_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        owner = entry.name[len(BASE_DIR_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit():
+            try:
+                os.kill(int(owner), 0)
+                continue
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue  # alive, under another uid
+        else:
+            try:
+                if os.listdir(entry.path) or entry.stat().st_mtime > time.time() - 86400:
+                    continue
+            except OSError:
+                continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
 
 
 class ZygotePool:
@@ -141,6 +184,7 @@ class ZygotePool:
         python: str | None,
         start_timeout_s: float,
         spares: int = 2,
+        pool_memory_mb: int | None = None,
     ) -> None:
         self.preload = list(preload)
         self.warmup = warmup
@@ -151,6 +195,7 @@ class ZygotePool:
         self.python = python
         self.start_timeout_s = start_timeout_s
         self.spares = spares
+        self.pool_memory_mb = pool_memory_mb
         self.isolation: _isolation.Isolation | None = None
         self.restarts = 0
         self._zygote: _Zygote | None = None
@@ -194,16 +239,19 @@ class ZygotePool:
         _stop(zygote)
 
     def _launch(self) -> _Zygote:
-        base_dir = tempfile.mkdtemp(prefix="rstar-sandbox-")
+        reap_stale_dirs()
+        base_dir = tempfile.mkdtemp(prefix=f"{BASE_DIR_PREFIX}{os.getpid()}-")
         # Workers may enter their own directory (random name) but not list the others.
         os.chmod(base_dir, 0o711)
         if self.isolation is None:
             self.isolation = _isolation.choose_isolation(self.isolation_mode, network=self.network)
-            if self.isolation.missing and self.isolation_mode == "auto":
-                _isolation.warn_once(
-                    "rstar_env local sandbox: running without " + "; without ".join(self.isolation.missing)
-                )
         prefix = self.isolation.command(writable=base_dir, python=self.python)
+        cgroup: _cgroup.PoolCgroup | None = None
+        cgroup_missing = None
+        try:
+            cgroup = _cgroup.PoolCgroup.create(self.pool_memory_mb)
+        except OSError as exc:
+            cgroup_missing = str(exc)
         env = _spawn.clean_env(self.extra_env)
         ours, theirs = socket.socketpair()
         dispatch, dispatch_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -217,6 +265,10 @@ class ZygotePool:
             "uid_base": self._uid_base,
             "uid_count": UID_RANGE,
             "spares": self.spares,
+            "network": self.network,
+            "tmp_binds": _isolation.tmp_paths(_isolation.visible_paths(self.python)),
+            "cgroup": cgroup.config() if cgroup is not None else None,
+            "cgroup_missing": cgroup_missing,
             # Without bubblewrap: hide private homes but for the interpreter in them, once in the unshare
             # fallback's mount namespace, or in each worker's own one (isolation="none": the zygote has none).
             "expose_paths": [] if self.isolation.kind == "bwrap" else list(_isolation.visible_paths(self.python)),
@@ -231,7 +283,7 @@ class ZygotePool:
             try:
                 proc = subprocess.Popen(
                     argv,
-                    pass_fds=[theirs.fileno(), dispatch_theirs.fileno()],
+                    pass_fds=[theirs.fileno(), dispatch_theirs.fileno(), *(cgroup.fds.values() if cgroup else ())],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
@@ -241,6 +293,8 @@ class ZygotePool:
                 )
             except OSError as exc:
                 shutil.rmtree(base_dir, ignore_errors=True)
+                if cgroup is not None:
+                    cgroup.remove()
                 raise SandboxError(f"cannot start the sandbox zygote: {exc}") from exc
             finally:
                 theirs.close()
@@ -259,13 +313,23 @@ class ZygotePool:
                 log.seek(0)
                 detail = log.read()[-4000:].decode(errors="replace").strip()
                 shutil.rmtree(base_dir, ignore_errors=True)
-                raise SandboxError(f"the sandbox zygote failed to start: {detail or 'no output'}")
+                if cgroup is not None:
+                    cgroup.remove()
+                raise SandboxError(
+                    f"the sandbox zygote failed to start: {detail or 'no output'}; to run without the sandbox's "
+                    f"namespaces, pass {_isolation.ISOLATION_NONE_ADVICE}"
+                )
         info = received[0]
         for skipped in info.get("skipped", []):
             logger.debug("local sandbox: not preloaded: %s", skipped)
-        for note in info.get("notes", []):
-            _isolation.warn_once(f"rstar_env local sandbox: {note}")
-        zygote = _Zygote(proc, ours, dispatch, base_dir, info)
+        missing = list(self.isolation.missing) if self.isolation_mode == "auto" else []
+        if info.get("private_network"):  # each worker has its own, even where the pool has none
+            missing = [m for m in missing if not m.startswith("network namespace")]
+        missing += info.get("notes", [])
+        if missing:
+            # One warning naming everything this machine lacks.
+            _isolation.warn_once("rstar_env local sandbox, what this machine lacks: " + "; ".join(missing))
+        zygote = _Zygote(proc, ours, dispatch, base_dir, info, cgroup)
         self._finalizer = weakref.finalize(self, _stop, zygote)
         return zygote
 

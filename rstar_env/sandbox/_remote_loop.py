@@ -145,7 +145,7 @@ class LoopSandbox(abc.ABC):
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._closed and (task is None or not task.cancelling()):  # cut by aclose, not by our caller
-                return ExecResult("", "", "crashed", f"{type(self).__name__} was closed during the call", 0.0)
+                return ExecResult("", "", "crash", f"{type(self).__name__} was closed during the call", 0.0)
             raise
 
     async def close_session(self, session: str) -> None:

@@ -165,6 +165,9 @@ def prepare(
     private_mounts: bool = False,
     keep_read_search: bool = False,
     expose_paths: list[str] | None = None,
+    network: bool = True,
+    tmp_binds: list[str] | None = None,
+    syscall_filter: Any = None,
 ) -> None:
     """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
 
@@ -172,12 +175,15 @@ def prepare(
     and empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (``private_mounts``), a private working directory, a clean
     environment and its limits, and finally drops every capability (and changes to its private uid, when the pool
     runs as root). ``expose_paths``: see :func:`._limits.expose_interpreter` (``isolation="none"`` only).
+    ``network=False`` adds a network namespace of its own; ``tmp_binds`` are bound back over its ``/tmp`` (see
+    :func:`._limits.private_namespaces`). ``syscall_filter`` (:func:`._seccomp.build`) is loaded last, once the
+    worker needs no refused call any more.
     """
     _proctree.become_subreaper()
     with contextlib.suppress(OSError):
         os.setsid()
     if private_mounts:
-        _limits.private_namespaces(limits.tmp_mb)
+        _limits.private_namespaces(limits.tmp_mb, network=network, tmp_binds=tmp_binds or ())
         if expose_paths:
             _limits.expose_interpreter(expose_paths)
     os.mkdir(workdir, 0o700)
@@ -192,6 +198,8 @@ def prepare(
     limits.apply()
     if uid is not None or private_mounts:
         _limits.drop_privileges(uid, keep_read_search=keep_read_search)
+    if syscall_filter is not None:
+        syscall_filter.load()
 
 
 def _fresh_main() -> dict[str, Any]:

@@ -52,7 +52,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import _limits, _proctree, _protocol, _worker
+from . import _cgroup, _limits, _proctree, _protocol, _seccomp, _worker
 
 SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
@@ -63,11 +63,17 @@ MAX_REQUEST_BYTES = 1 << 28
 MAX_REPORT_BYTES = 4096
 """Largest report a worker may write on its link; the error summary is cut to 300 characters."""
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_NO_CGROUP = (
+    ": memory_mb bounds each process's address space, not the worker's tree (memfds, shared memory and its /tmp "
+    "are not counted), processes are bounded per uid, and a child made with CLONE_PARENT leaves the worker's tree"
+)
 
 
 @dataclass
 class _Worker:
     workdir: str
+    cgroup: str
+    """Name of its cgroup below the pool's (when the pool has cgroups)."""
     uid: int | None
     link: socket.socket | None
     """Zygote's end of the worker's private link (``SOCK_SEQPACKET``); None once the worker closed it."""
@@ -149,6 +155,28 @@ class Zygote:
             except Exception as exc:
                 self.notes.append(f"warmup failed: {exc!r}")
         self.uid_count = int(config.get("uid_count", 65536))
+        self.network = bool(config.get("network", True))
+        self.tmp_binds: list[str] = list(config.get("tmp_binds", []))
+        self.cgroups: _cgroup.WorkerCgroups | None = None
+        self.doomed_cgroups: set[str] = set()
+        """Cgroups of dead workers not removed yet (a process in them was still exiting)."""
+        self.free_cgroups: list[str] = []
+        """Empty cgroups of dead workers, kept for the next spares (creating and removing one costs more)."""
+        if config.get("cgroup"):
+            self.cgroups = _cgroup.WorkerCgroups(config["cgroup"], self.limits.memory_mb, self.limits.max_processes)
+            probe_name = f"probe{secrets.token_hex(4)}"
+            error = _probe(lambda: self.cgroups.enter(probe_name))  # type: ignore[union-attr]
+            self.cgroups.remove(probe_name)
+            if error is not None:
+                self.notes.append(f"no cgroup per worker ({error}){_NO_CGROUP}")
+                self.cgroups = None
+        elif config.get("cgroup_missing"):
+            self.notes.append(f"no cgroup per worker ({config['cgroup_missing']}){_NO_CGROUP}")
+        self.syscall_filter: Any = None
+        try:
+            self.syscall_filter = _seccomp.build()
+        except Exception as exc:
+            self.notes.append(_seccomp.describe_missing(exc))
         self.private_mounts, self.keep_read_search = self._probe_setup(config.get("uid_base"))
         if self.private_mounts:
             self.shared_dirs = []  # every worker has its own /tmp and /dev/shm: nothing is left in shared ones
@@ -160,10 +188,24 @@ class Zygote:
 
     def _probe_setup(self, uid_base: int | None) -> tuple[bool, bool]:
         """Find the strongest worker setup that works here, in throwaway children; note what is missing."""
-        ns_error = _probe(lambda: _limits.private_namespaces(self.limits.tmp_mb))
+
+        def namespaces(tmp_mb: int | None = None) -> None:
+            _limits.private_namespaces(
+                self.limits.tmp_mb if tmp_mb is None else tmp_mb, network=self.network, tmp_binds=self.tmp_binds
+            )
+
+        ns_error = _probe(namespaces)
+        if ns_error is not None and not self.network:
+            net_error, self.network = ns_error, True
+            ns_error = _probe(namespaces)
+            if ns_error is None:
+                self.notes.append(
+                    f"no network namespace per worker ({net_error}): concurrent calls share loopback and abstract "
+                    "sockets, so episodes can talk to each other"
+                )
         private_mounts = ns_error is None
         if private_mounts and self.expose_paths:
-            error = _probe(lambda: (_limits.private_namespaces(1), _limits.expose_interpreter(self.expose_paths)))
+            error = _probe(lambda: (namespaces(1), _limits.expose_interpreter(self.expose_paths)))
             if error is not None:
                 self.notes.append(f"cannot hide private directories around the interpreter: {error}")
                 self.expose_paths = []
@@ -173,16 +215,23 @@ class Zygote:
             self.notes.append(f"no private /tmp, /dev/shm and IPC namespace per worker ({ns_error})")
         uid = int(uid_base) if uid_base is not None else None
         if uid is None and not private_mounts:
+            if self.syscall_filter is not None:
+                error = _probe(lambda: (self.syscall_filter.load(), os.listdir(os.path.dirname(os.__file__))))
+                if error is not None:
+                    self.notes.append(_seccomp.describe_missing(RuntimeError(error)))
+                    self.syscall_filter = None
             return False, False
         errors = []
         for keep in (False, True):
 
             def setup(keep: bool = keep) -> None:
                 if private_mounts:
-                    _limits.private_namespaces(self.limits.tmp_mb)
+                    namespaces()
                     if self.expose_paths:
                         _limits.expose_interpreter(self.expose_paths)
                 _limits.drop_privileges(uid, keep_read_search=keep)
+                if self.syscall_filter is not None:
+                    self.syscall_filter.load()
                 os.listdir(os.path.dirname(os.__file__))  # can the worker still import the standard library?
                 for name in ("numpy", "sympy"):
                     if name in self.loaded:
@@ -222,6 +271,9 @@ class Zygote:
             "private_uids": self.uids is not None,
             "private_mounts": self.private_mounts,
             "keep_read_search": self.keep_read_search,
+            "cgroups": self.cgroups is not None,
+            "syscall_filter": self.syscall_filter is not None,
+            "private_network": self.private_mounts and not self.network,
             "notes": self.notes,
         }
         _protocol.send_message(self.control, ready)
@@ -275,7 +327,7 @@ class Zygote:
                 self.handle_link(pid)
         pid = self.by_call.get(call)
         if pid is not None:
-            _proctree.kill_tree(pid)
+            self.kill_worker(pid)
             return
         # Not taken yet (still queued on the dispatch socket): kill it the moment a worker takes it.
         self.pending_kills[call] = None
@@ -287,7 +339,15 @@ class Zygote:
         worker = self.workers.get(pid)
         if worker is not None and worker.reason is None:
             worker.reason = reason
+        self.kill_worker(pid)
+
+    def kill_worker(self, pid: int) -> None:
+        """Kill the worker's process tree and everything else in its cgroup (``CLONE_PARENT`` children, whose
+        parent is the zygote, and anything that left the tree)."""
         _proctree.kill_tree(pid)
+        worker = self.workers.get(pid)
+        if worker is not None and self.cgroups is not None:
+            self.cgroups.kill(worker.cgroup)
 
     # ------------------------------------------------------------------------------------------------ spares
 
@@ -295,12 +355,16 @@ class Zygote:
         """Fork a prepared worker that waits on the dispatch socket for a call."""
         name = f"w{secrets.token_hex(8)}"
         workdir = os.path.join("/tmp" if self.private_mounts else self.base_dir, name)
+        # An empty cgroup of a dead worker, limits already set: entering it is one write per hierarchy.
+        cgroup = self.free_cgroups.pop() if self.free_cgroups else None
         link, child_link = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         uid = None
         try:
             uid = self.uids.acquire() if self.uids is not None else None
             pid = os.fork()
         except OSError:
+            if cgroup is not None:
+                self.free_cgroups.append(cgroup)
             link.close()
             child_link.close()
             if uid is not None and self.uids is not None:
@@ -308,15 +372,20 @@ class Zygote:
             self.refill_after = time.monotonic() + SPARE_RETRY_S
             return
         if pid == 0:
-            self._become_worker(child_link.fileno(), workdir, uid)
+            self._become_worker(child_link.fileno(), workdir, uid, name, cgroup)
         child_link.close()
         link.setblocking(False)  # our own end only: the worker's end is a separate socket
-        self.workers[pid] = _Worker(workdir if not self.private_mounts else "", uid, link=link)
+        self.workers[pid] = _Worker(workdir if not self.private_mounts else "", cgroup or name, uid, link=link)
         self.idle.add(pid)
         self.selector.register(link, selectors.EVENT_READ, ("link", pid))
 
-    def _become_worker(self, link: int, workdir: str, uid: int | None) -> NoReturn:
+    def _become_worker(self, link: int, workdir: str, uid: int | None, name: str, cgroup: str | None) -> NoReturn:
         try:
+            # First: every page and process of the worker counts from here.
+            if self.cgroups is not None and cgroup is not None:
+                self.cgroups.attach(cgroup)
+            elif self.cgroups is not None:
+                self.cgroups.enter(name)
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
@@ -331,6 +400,9 @@ class Zygote:
                 private_mounts=self.private_mounts,
                 keep_read_search=self.keep_read_search,
                 expose_paths=self.expose_paths,
+                network=self.network,
+                tmp_binds=self.tmp_binds,
+                syscall_filter=self.syscall_filter,
             )
             _proctree.die_with_parent(self.pid)  # after prepare: a uid change clears the death signal
             with socket.socket(fileno=self.dispatch_fd) as dispatch:
@@ -386,7 +458,7 @@ class Zygote:
         if message.get("op") != "assigned" or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            _proctree.kill_tree(pid)
+            self.kill_worker(pid)
             return
         worker.call, worker.session = int(message["call"]), bool(message.get("session"))
         worker.chan = socket.socket(fileno=fds[0])
@@ -395,7 +467,7 @@ class Zygote:
         _send_nowait(worker.chan, {"op": "started", "pid": pid})
         if worker.call in self.pending_kills:
             del self.pending_kills[worker.call]
-            _proctree.kill_tree(pid)
+            self.kill_worker(pid)
 
     def handle_chan(self, pid: int) -> None:
         """A request from the caller (or the end of its channel: it gave the worker up)."""
@@ -410,13 +482,13 @@ class Zygote:
         if received is None:
             self.selector.unregister(worker.chan)
             if not worker.finished:  # the caller gave up on a live worker (a closed session, a timeout)
-                _proctree.kill_tree(pid)
+                self.kill_worker(pid)
             return
         request, fds = received
         if request.get("op") != "exec" or len(fds) != 2 or worker.running or worker.link is None:
             for fd in fds:
                 os.close(fd)
-            _proctree.kill_tree(pid)
+            self.kill_worker(pid)
             return
         body = json.dumps({"code": request.get("code", ""), "stdin": request.get("stdin", "")}).encode()
         memfd = os.memfd_create("request", os.MFD_CLOEXEC)
@@ -426,7 +498,7 @@ class Zygote:
             cpu_s = float(request.get("cpu_s", 10.0))
             _protocol.send_datagram(worker.link, {"op": "exec", "cpu_s": cpu_s}, [memfd, *fds])
         except OSError:
-            _proctree.kill_tree(pid)
+            self.kill_worker(pid)
             return
         finally:
             os.close(memfd)
@@ -434,8 +506,9 @@ class Zygote:
                 os.close(fd)
         worker.token, worker.running, worker.report = request.get("token"), True, None
         worker.cpu_s, worker.since = cpu_s, time.monotonic()
-        # A session's worker carries the CPU time of its earlier calls; a fresh one only its few ms of setup.
-        worker.cpu_base = _tree_cpu_s(pid) if worker.session else 0.0
+        # A session's worker carries the CPU time of its earlier calls, a reused cgroup that of earlier workers; a
+        # fresh process tree only its few ms of setup.
+        worker.cpu_base = self.cpu_used(pid, worker) if worker.session or self.cgroups is not None else 0.0
         if worker.stopped:  # a session between calls: let it read the request
             worker.stopped = False
             os.kill(pid, signal.SIGCONT)
@@ -455,6 +528,10 @@ class Zygote:
             for child in alive:
                 with contextlib.suppress(OSError):
                     os.kill(child, signal.SIGKILL)
+        if self.cgroups is not None:
+            self.cgroups.kill(worker.cgroup, spare=pid)  # CLONE_PARENT children are not below it
+        else:
+            self.sweep_strays()  # without a cgroup: they are our children that we did not fork
         try:
             threads = len(os.listdir(f"/proc/{pid}/task")) if worker.session else 1
         except OSError:
@@ -477,8 +554,16 @@ class Zygote:
         """End calls whose whole process tree used more CPU time than the call may."""
         for pid, worker in list(self.workers.items()):
             running = worker.running and not worker.stopped and now - worker.since >= CPU_CHECK_S
-            if running and _tree_cpu_s(pid) - worker.cpu_base > worker.cpu_s:
+            if running and self.cpu_used(pid, worker) - worker.cpu_base > worker.cpu_s:
                 self.end(pid, "cpu")
+
+    def cpu_used(self, pid: int, worker: _Worker) -> float:
+        """CPU seconds of the worker's cgroup (every process ever in it), else of its process tree."""
+        if self.cgroups is not None:
+            used = self.cgroups.cpu_s(worker.cgroup)
+            if used is not None:
+                return used
+        return _tree_cpu_s(pid)
 
     # ------------------------------------------------------------------------------------------------ reap
 
@@ -487,8 +572,10 @@ class Zygote:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
             except ChildProcessError:
+                self.remove_cgroups()
                 return
             if pid == 0:
+                self.remove_cgroups()
                 return
             worker = self.workers.get(pid)
             if worker is None:
@@ -520,6 +607,12 @@ class Zygote:
         self.sweep_strays()
         if worker.uid is not None and not clean_exit:
             _proctree.kill_uid(worker.uid)
+        if self.cgroups is not None:
+            self.cgroups.kill(worker.cgroup)
+            if not self.cgroups.pids(worker.cgroup) and len(self.free_cgroups) < 2 * self.spare_target:
+                self.free_cgroups.append(worker.cgroup)
+            else:
+                self.doomed_cgroups.add(worker.cgroup)  # removed after the reply: rmdir is off the call's latency
         if worker.workdir:
             _remove_tree(worker.workdir)
         if worker.uid is not None:
@@ -539,6 +632,14 @@ class Zygote:
                 self.selector.unregister(worker.chan)
             _send_nowait(worker.chan, exit_message)
             worker.chan.close()
+        self.remove_cgroups()
+
+    def remove_cgroups(self) -> None:
+        """Remove the cgroups of dead workers (one whose last process is still exiting waits for a later turn)."""
+        if self.cgroups is not None:
+            for name in list(self.doomed_cgroups):
+                if self.cgroups.remove(name):
+                    self.doomed_cgroups.discard(name)
 
     def tidy_shared_dirs(self, uid: int) -> None:
         """Delete what ``uid`` left in world-writable directories (the uid is private: it is all the worker's).
@@ -567,8 +668,9 @@ class Zygote:
 
     def shutdown(self) -> NoReturn:
         for pid in list(self.workers):
-            _proctree.kill_tree(pid)
+            self.kill_worker(pid)
         self.sweep_strays()
+        # The pool removes the cgroups once the zygote is gone (it owns their parent).
         for worker in self.workers.values():
             _remove_tree(worker.workdir)
         os._exit(0)

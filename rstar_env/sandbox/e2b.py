@@ -21,16 +21,17 @@ How calls map onto E2B::
   fresh on its next call, as with the local backend). Output past ``max_output_bytes`` gives ``output_limit``.
 * **Failures.** HTTP 429, 5xx and connection errors that happen before the code can have run are retried with
   full-jitter exponential backoff, within ``max_attempts`` and ``retry_budget_s``; after that the call returns
-  ``crashed`` naming the last error (never hangs, never raises for it). A connection lost mid-call is retried
-  for a stateless call (its context is thrown away) and is ``crashed`` for a session, whose state is then lost.
+  ``crash`` naming the last error (never hangs, never raises for it). A connection lost mid-call is retried
+  for a stateless call (its context is thrown away) and is ``crash`` for a session, whose state is then lost.
   A VM that dies (killed, out of memory, past its lifetime) is dropped and replaced: the call that saw it die is
-  ``crashed``; a session that lived there reports ``crashed`` ("its state is lost") once, then starts fresh.
+  ``crash``; a session that lived there reports ``crash`` ("its state is lost") once, then starts fresh.
   Bad credentials raise :class:`~rstar_env.sandbox.SandboxError`.
 * **Lifetime.** VMs are created with ``sandbox_lifetime_s`` and extended every ``refresh_s``; VMs older than
   ``max_sandbox_age_s`` take no new work and are killed once idle. ``aclose`` kills every VM.
 
-Offline: ``local_server=True`` starts :mod:`rstar_env.sandbox.e2b_server` in-process and talks to it through the
-SDK's debug mode (no account, no network), which is how the test suite runs this backend.
+Offline: ``debug=True`` (or ``E2B_DEBUG=true``) with ``sandbox_url`` talks to a self-hosted code-interpreter
+server through the SDK's debug mode. The test suite runs this backend against the protocol server of the separate
+``rstar-env-testkit`` package, which it starts itself (that server runs code on the host: it is no sandbox).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class _Session:
 
 
 def _crashed(message: str, start: float, stdout: str = "", stderr: str = "") -> ExecResult:
-    return ExecResult(stdout, stderr, "crashed", message, time.monotonic() - start)
+    return ExecResult(stdout, stderr, "crash", message, time.monotonic() - start)
 
 
 class E2BSandbox(_remote_loop.LoopSandbox):
@@ -152,7 +153,7 @@ class E2BSandbox(_remote_loop.LoopSandbox):
     * ``max_attempts`` (6), ``retry_budget_s`` (30), ``backoff_s`` (0.2), ``max_backoff_s`` (5): retries.
     * ``request_timeout_s`` (30): bound on every request that is not an execution (contexts, VMs).
     * ``debug`` (``E2B_DEBUG``), ``sandbox_url``: talk to a local or self-hosted code-interpreter server;
-      ``{vm}`` in ``sandbox_url`` becomes a fresh id per VM. ``local_server=True`` starts one in-process.
+      ``{vm}`` in ``sandbox_url`` becomes a fresh id per VM.
     * ``seed``: seeds the retry jitter (tests).
     """
 
@@ -182,7 +183,6 @@ class E2BSandbox(_remote_loop.LoopSandbox):
         request_timeout_s: float = 30.0,
         debug: bool | None = None,
         sandbox_url: str | None = None,
-        local_server: bool = False,
         seed: int | None = None,
     ) -> None:
         super().__init__(timeout_s=timeout_s, max_output_bytes=max_output_bytes)
@@ -195,16 +195,13 @@ class E2BSandbox(_remote_loop.LoopSandbox):
         self._sdk = e2b_code_interpreter.AsyncSandbox
         if min(max_sandboxes, per_sandbox, max_attempts) < 1 or min_sandboxes < 0:
             raise ValueError("max_sandboxes, per_sandbox and max_attempts must be >= 1, min_sandboxes >= 0")
-        self.local_server = local_server
-        if local_server:
-            debug = True
         self.debug = debug if debug is not None else os.getenv("E2B_DEBUG", "false").lower() == "true"
         self.api_key = api_key or os.getenv("E2B_API_KEY")
         if not self.debug and not self.api_key:
             raise SandboxError(
                 "the e2b sandbox backend needs an E2B API key: set E2B_API_KEY (create one at "
-                "https://e2b.dev/dashboard) or pass api_key=...; to run without an account, pass local_server=True "
-                "or run `python -m rstar_env.sandbox.e2b_server` and set E2B_DEBUG=true"
+                "https://e2b.dev/dashboard) or pass api_key=...; to use a self-hosted code-interpreter server, set "
+                "E2B_DEBUG=true (or debug=True) and sandbox_url"
             )
         self.domain = domain
         self.template = template
@@ -233,7 +230,6 @@ class E2BSandbox(_remote_loop.LoopSandbox):
             "retries": 0,
         }
         """Counters for monitoring and tests."""
-        self._server: Any = None
         self._vms: list[_VM] = []
         self._sessions: dict[str, _Session] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -251,11 +247,6 @@ class E2BSandbox(_remote_loop.LoopSandbox):
     # ------------------------------------------------------------------------------------------- lifecycle
 
     async def _start(self) -> None:
-        if self.local_server and self._server is None:
-            from .e2b_server import CodeInterpreterServer
-
-            self._server = await asyncio.to_thread(CodeInterpreterServer().start)
-            self.sandbox_url = self._server.sandbox_url
         self._slots = asyncio.Semaphore(self.max_concurrency)
         self._vm_lock = asyncio.Lock()
         opened = await asyncio.gather(*(self._open_vm() for _ in range(self.min_sandboxes)), return_exceptions=True)
@@ -281,9 +272,6 @@ class E2BSandbox(_remote_loop.LoopSandbox):
         # Contexts first: killing the VM ends them on E2B, but a debug or self-hosted server outlives this pool.
         await asyncio.gather(*(self._drop(vm, context) for vm, context in held), return_exceptions=True)
         await asyncio.gather(*(self._kill(vm) for vm in vms), return_exceptions=True)
-        if self._server is not None:
-            await asyncio.to_thread(self._server.stop)
-            self._server = None
 
     def _spawn(self, coro: Any) -> None:
         """Fire and forget, but keep a reference (the loop only keeps weak ones) and log failures."""
@@ -526,7 +514,7 @@ class E2BSandbox(_remote_loop.LoopSandbox):
                         self._spawn(self._drop(vm, context))  # stateless: every context is used once
 
     async def _acquire_vm(self, start: float, attempt: int) -> _VM | ExecResult:
-        """A VM for the next attempt, or a ``crashed`` result when none can be opened within the budget."""
+        """A VM for the next attempt, or a ``crash`` result when none can be opened within the budget."""
         while True:
             try:
                 return await self._pick_vm()
@@ -680,17 +668,19 @@ class E2BSandbox(_remote_loop.LoopSandbox):
         outcome = _status(execution)
         if outcome is not None:
             status, error = outcome
+            status = "exception" if status == "error" else status  # the runner's name -> the outcome name
             return ExecResult(stdout, stderr, status, error, duration), status == "output_limit"  # type: ignore[arg-type]
         if execution.error is not None:
             name, value = execution.error.name, execution.error.value
             if name in KERNEL_FAILURES:
                 return ExecResult(
-                    stdout, stderr, "crashed", f"the interpreter died ({name}: {value}); its state is lost", duration
+                    stdout, stderr, "crash", f"the interpreter died ({name}: {value}); its state is lost", duration
                 ), True
             if name == "NameError" and "__cell_runner__" in str(value):
-                return ExecResult(stdout, stderr, "crashed", "the kernel lost its state (restarted)", duration), True
-            return ExecResult(stdout, stderr + execution.error.traceback, "error", f"{name}: {value}", duration), False
-        return ExecResult(stdout, stderr, "crashed", "the kernel returned no outcome", duration), True
+                return ExecResult(stdout, stderr, "crash", "the kernel lost its state (restarted)", duration), True
+            traceback = execution.error.traceback
+            return ExecResult(stdout, stderr + traceback, "exception", f"{name}: {value}", duration), False
+        return ExecResult(stdout, stderr, "crash", "the kernel returned no outcome", duration), True
 
 
 def _status(execution: Any) -> tuple[str, str | None] | None:

@@ -9,7 +9,8 @@ How a call runs::
 
 * The zygote is a clean interpreter (``python -c``), started once per sandbox under bubblewrap or ``unshare``
   (:mod:`._isolation`), so ``fork`` is safe and the pool's namespaces cost nothing per call. Spares are prepared
-  ahead (own IPC namespace, own empty ``/tmp`` and ``/dev/shm``, own uid, no capabilities).
+  ahead (own cgroup, own IPC and network namespaces, own empty ``/tmp`` and ``/dev/shm``, own uid, no
+  capabilities, a seccomp filter); see ``docs/security.md``.
 * Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``,
   stopped (SIGSTOP) between calls so nothing of it runs while it is not called.
 * The zygote, not the worker, tells the caller that a call is over, and only when every process of the call is
@@ -29,7 +30,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _base, _client, _isolation, _limits, _pool
+from . import _base, _cgroup, _client, _isolation, _limits, _pool
 
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "math",
@@ -92,8 +93,11 @@ class LocalSandbox(_base.ThreadedSandbox):
     * ``max_concurrency``: calls running at once (default :func:`default_concurrency`: 4 per core, at least 16);
       more calls queue. Each running call is a process; the kernel shares the cores among them.
     * ``timeout_s``: default wall-clock limit per call (4.0, the paper's tool limit); ``execute`` may override.
-    * ``memory_mb``: address-space limit per worker (2048). ``cpu_s``: CPU seconds per call, counting every
-      process the call starts (timeout + 1). ``tmp_mb``: size of each worker's private ``/tmp`` (256, in memory).
+    * ``memory_mb``: memory of each worker (a call, or a session) over its whole process tree, memfds, shared
+      memory and its ``/tmp`` included, where a cgroup can be had; else an address-space limit per process (2048).
+      ``pool_memory_mb``: memory of all workers together (half of what this process may use).
+      ``cpu_s``: CPU seconds per call, counting every process the call starts (timeout + 1).
+      ``tmp_mb``: size of each worker's private ``/tmp`` (256, in memory; counted in ``memory_mb``).
     * ``max_output_bytes``: stdout + stderr kept per call (1 MiB); more is ``output_limit``.
     * ``max_processes``, ``max_files``, ``max_file_mb``: RLIMIT_NPROC / NOFILE / FSIZE per worker.
     * ``preload``: modules the zygote imports (:data:`DEFAULT_PRELOAD`); ``warmup``: code it runs after.
@@ -126,6 +130,7 @@ class LocalSandbox(_base.ThreadedSandbox):
         python: str | None = None,
         start_timeout_s: float = 120.0,
         spares: int | None = None,
+        pool_memory_mb: int | None = None,
     ) -> None:
         super().__init__(
             max_concurrency=max_concurrency or default_concurrency(),
@@ -133,6 +138,9 @@ class LocalSandbox(_base.ThreadedSandbox):
             max_output_bytes=max_output_bytes,
             cpu_s=cpu_s,
         )
+        for name, value in (("memory_mb", memory_mb), ("pool_memory_mb", pool_memory_mb)):
+            if value is not None and value < 64:
+                raise ValueError(f"{name} must be at least 64 (MiB), got {value!r}")
         if isolation not in _isolation.ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {_isolation.ISOLATION_MODES}, got {isolation!r}")
         self.limits = _limits.Limits(
@@ -152,6 +160,7 @@ class LocalSandbox(_base.ThreadedSandbox):
             python=python,
             start_timeout_s=start_timeout_s,
             spares=min(self.max_concurrency, 16) if spares is None else spares,
+            pool_memory_mb=_cgroup.default_pool_memory_mb() if pool_memory_mb is None else pool_memory_mb,
         )
 
     @property

@@ -18,9 +18,9 @@ How calls map onto the cluster::
   dispatch of up to ``batch_size`` (64, as the rStar reference does): one Ray task instead of 64. Results
   stream back as each call finishes (a Ray streaming generator), so a slow call never holds back its batch.
 * **Failures.** If an actor dies (its node is lost, it is killed, its process crashes), every call in flight on
-  it returns ``crashed``, each session pinned to it returns ``crashed`` ("its state is lost") on its next call
+  it returns ``crash``, each session pinned to it returns ``crash`` ("its state is lost") on its next call
   and then starts over elsewhere, and the pool starts a replacement actor. Nothing waits forever: a dispatch
-  with no answer by its deadline (``timeout + call_grace_s``) returns ``crashed``.
+  with no answer by its deadline (``timeout + call_grace_s``) returns ``crash``.
 * ``aclose`` ends the sessions and kills the actors; a Ray instance this backend started stays up for the
   rest of the process (other code may be using it), and a cluster it joined is never shut down.
 """
@@ -81,7 +81,7 @@ class RaySandbox(_remote_loop.LoopSandbox):
     * ``batch_size`` (64): calls per dispatch at most; ``batch_window_s`` (0.002): how long a call waits for
       others to share its dispatch (calls made together, e.g. by ``asyncio.gather``, arrive within it);
       ``call_grace_s`` (60): how long past its timeout a call
-      may wait in queues before it is given up as ``crashed``; ``start_timeout_s`` (180): actor start-up bound.
+      may wait in queues before it is given up as ``crash``; ``start_timeout_s`` (180): actor start-up bound.
     """
 
     def __init__(
@@ -256,7 +256,7 @@ class RaySandbox(_remote_loop.LoopSandbox):
                 return ExecResult(
                     "",
                     "",
-                    "crashed",
+                    "crash",
                     "the Ray actor that held this session died; its state is lost",
                     time.monotonic() - start,
                 )
@@ -341,7 +341,7 @@ class RaySandbox(_remote_loop.LoopSandbox):
         finally:
             for item in items:
                 if not item.future.done():
-                    item.future.set_result(ExecResult("", "", "crashed", why, time.monotonic() - start))
+                    item.future.set_result(ExecResult("", "", "crash", why, time.monotonic() - start))
 
 
 def _init_ray(ray: Any, options: dict[str, Any]) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rstar_env.config import ConfigError
+
 
 def global_rng_state() -> dict[str, Any]:
     """The process-wide generators a resumed run must restore (torch, numpy, python)."""
@@ -42,8 +44,16 @@ def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any) ->
     return state["step"], tuple(state["cursor"])
 
 
-def write_checkpoint(root: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Save ``state`` as step ``step`` under ``root``; keep the newest ``keep`` checkpoints."""
+def checkpoints_kept(keep: str | int) -> int | None:
+    """How many checkpoints a ``keep_checkpoints`` setting keeps while a run goes on (``None``: all)."""
+    if keep == "all":
+        return None
+    return 1 if keep in ("last", "none") else int(keep)
+
+
+def write_checkpoint(root: Path, step: int, state: dict[str, Any], keep: str | int) -> Path:
+    """Save ``state`` as step ``step`` under ``root``; keep the newest checkpoints ``keep`` says
+    (:data:`~rstar_trainers.local.config.KeepCheckpoints`). The new one is complete before an old one goes."""
     path = root / f"step_{step:06d}"
     tmp = path.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -52,9 +62,38 @@ def write_checkpoint(root: Path, step: int, state: dict[str, Any], keep: int) ->
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     (root / "latest").write_text(path.name)
-    for old in sorted(root.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    count = checkpoints_kept(keep)
+    if count is not None:
+        for old in sorted(root.glob("step_*"))[:-count]:
+            shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+FINISHED = "finished.json"
+"""Left in a checkpoint directory whose checkpoints were removed (``keep_checkpoints: none``): what ran, where the
+final model is, so a rerun says so instead of starting over."""
+
+
+def remove_checkpoints(root: Path, step: int, model: Path) -> None:
+    """Remove every checkpoint under ``root`` (a finished run, ``keep_checkpoints: none``), leaving a note."""
+    import json
+
+    if root.exists():
+        for path in root.iterdir():
+            if path.name != FINISHED:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    (root / FINISHED).write_text(json.dumps({"step": step, "model": str(model)}))
+
+
+def finished_without_checkpoints(root: Path) -> dict[str, Any] | None:
+    """The note :func:`remove_checkpoints` left, when ``root`` has no checkpoint to resume from."""
+    import json
+
+    note = root / FINISHED
+    if (root / "latest").exists() or not note.exists():
+        return None
+    return json.loads(note.read_text())
 
 
 def read_checkpoint(root: Path) -> dict[str, Any] | None:
@@ -94,3 +133,14 @@ def save_pretrained(model: Any, tokenizer: Any, out: Path) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def refuse_finished_run(out: Path, checkpoints: Path) -> None:
+    """A finished run whose checkpoints were removed cannot resume; starting over silently would overwrite it."""
+    note = finished_without_checkpoints(checkpoints)
+    if note is not None:
+        raise ConfigError(
+            f"{out} holds a finished run (step {note['step']}; its model is in {note['model']}) whose checkpoints "
+            "were removed (trainer.keep_checkpoints: none), so it cannot be continued. Pass --fresh to train it "
+            "again, or set another trainer.output_dir."
+        )

@@ -1,14 +1,18 @@
 """``rstar-env compare``: GRPO against GRPO-RoC from the same SFT checkpoint, same seeds, data and steps.
 
 For each seed, both arms train from the same weights with the same config except the sampler: ``grpo`` keeps a
-uniform seeded G of the 2G rollouts, ``roc`` keeps them by Resample-on-Correct. The same seed gives both arms the
-same problem order and the same first rollouts (the arms diverge once their updates differ).
+uniform seeded G of the 2G rollouts, ``roc`` keeps them by Resample-on-Correct. The arms are **paired** (common
+random numbers): the same seed gives both the same problem order and the same sampling stream for every request
+(seeded from seed, step, problem, sample and turn), so at step 1 they draw the same 2G rollouts and differ only
+through the sampler; later they differ only through their weights. The report checks the step-1 pairing
+(``paired_step1``) and gives, per seed, the difference RoC - GRPO with a t-interval over seeds.
 
 Per step, what is plotted comes from each step's rollouts **before** selection (``metrics.jsonl``):
 ``tool_error_ratio_correct`` (tool calls with an error / all tool calls, within trajectories with reward > 0: the
 paper's Figure 4), ``reward`` and ``response_tokens``. Output under ``OUT``: ``grpo-seedS/`` and ``roc-seedS/`` (each
 a full training run: metrics.jsonl, TensorBoard, checkpoints, eval.json), ``compare.json`` (every arm's metrics),
-``compare.png`` and ``compare.md`` (the table). A rerun resumes every arm from its checkpoints.
+``compare.png`` and ``compare.md`` (the tables), ``per_step.csv`` (every seed, step and arm), ``roc_check.json`` (the
+sampler-only check on the step-1 rollouts). A rerun resumes every arm from its checkpoints.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from statistics import fmean, pstdev
+from statistics import fmean, pstdev, stdev
 from typing import Any
 
 from rstar_env.config import RunConfig
@@ -50,35 +54,94 @@ def run_compare(
     steps: int,
     on_step: Callable[[str, int, dict[str, Any]], None] | None = None,
     model_and_tokenizer: tuple[Any, Any] | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Train every (arm, seed) for ``steps`` steps from ``model``; then write the figure, table and metrics.
     Returns the summary written to ``compare.json``. ``model_and_tokenizer``: loaded weights to start every arm
-    from (each arm trains a copy) instead of loading ``model``."""
+    from (each arm trains a copy) instead of loading ``model``. ``jobs``: arms trained at once, each in its own
+    process (on a GPU, one arm's token-by-token sampling leaves it mostly idle; plugins must then be installed
+    entry points, not registered at run time). The result does not depend on ``jobs``."""
     import copy
 
     from rstar_trainers.local.trainer import LocalTrainer
 
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    for seed in seeds:
-        for arm, sampler in ARMS.items():
-            arm_run = run.model_copy(deep=True)
-            arm_run.sampler = type(run.sampler).model_validate(sampler)
-            arm_settings = settings.model_copy(update={
-                "seed": seed, "steps": steps, "model": model, "output_dir": str(arm_dir(root, arm, seed)),
-                "sft": None, "save_model": False, "save_trajectories": False, "eval_at_start": False,
-            })
-            loaded = None
-            if model_and_tokenizer is not None:
-                loaded = (copy.deepcopy(model_and_tokenizer[0]), model_and_tokenizer[1])
-            trainer = LocalTrainer(arm_run, arm_settings, model_and_tokenizer=loaded)
-            try:
-                trainer.train(on_step=None if on_step is None else lambda m, a=arm, s=seed: on_step(a, s, m))
-            finally:
-                trainer.close()
-                del trainer
-                gc.collect()
-    return write_report(root, seeds)
+    arms = [(arm, seed, *arm_config(run, settings, root, arm, seed, steps, model))
+            for seed in seeds for arm in ARMS]
+    if jobs > 1 and model_and_tokenizer is None:
+        _run_parallel(arms, jobs, on_step)
+        return write_report(root, seeds, keep=settings.group_size)
+    for arm, seed, arm_run, arm_settings in arms:
+        loaded = None
+        if model_and_tokenizer is not None:
+            loaded = (copy.deepcopy(model_and_tokenizer[0]), model_and_tokenizer[1])
+        trainer = LocalTrainer(arm_run, arm_settings, model_and_tokenizer=loaded)
+        try:
+            trainer.train(on_step=None if on_step is None else lambda m, a=arm, s=seed: on_step(a, s, m))
+        finally:
+            trainer.close()
+            del trainer
+            gc.collect()
+    return write_report(root, seeds, keep=settings.group_size)
+
+
+def arm_config(run: RunConfig, settings: LocalTrainerConfig, root: Path, arm: str, seed: int, steps: int,
+               model: str) -> tuple[RunConfig, LocalTrainerConfig]:
+    """One arm's run config and trainer settings: the shared ones, with the arm's sampler and the seed."""
+    arm_run = run.model_copy(deep=True)
+    arm_run.sampler = type(run.sampler).model_validate(ARMS[arm])
+    arm_settings = settings.model_copy(update={
+        "seed": seed, "steps": steps, "model": model, "output_dir": str(arm_dir(root, arm, seed)),
+        "sft": None, "save_model": False, "eval_at_start": False,
+        # step 1's rollouts only: the pairing check and the sampler-only check read them
+        "save_trajectories": True, "save_trajectories_steps": 1,
+    })
+    return arm_run, arm_settings
+
+
+def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dict[str, Any], threads: int,
+               queue: Any) -> None:
+    """A child process's work: one arm, start to end (resuming from its checkpoints), its steps sent back."""
+    import torch
+
+    from rstar_trainers.local.trainer import LocalTrainer
+
+    torch.set_num_threads(threads)
+    trainer = LocalTrainer(RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data))
+    try:
+        trainer.train(on_step=lambda m: queue.put((arm, seed, m)))
+    finally:
+        trainer.close()
+
+
+def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]], jobs: int,
+                  on_step: Callable[[str, int, dict[str, Any]], None] | None) -> None:
+    import multiprocessing as mp
+    import os
+    import queue as queue_module
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = mp.get_context("spawn")  # CUDA cannot be forked
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with context.Manager() as manager:
+        steps = manager.Queue()
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            pending = {pool.submit(_train_arm, arm, seed, r.model_dump(), s.model_dump(), threads, steps)
+                       for arm, seed, r, s in arms}
+            while pending:
+                done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                while True:
+                    try:
+                        arm, seed, metrics = steps.get_nowait()
+                    except queue_module.Empty:
+                        break
+                    if on_step is not None:
+                        on_step(arm, seed, metrics)
+                for future in done:
+                    future.result()  # an arm's failure stops the comparison with its own traceback
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
@@ -94,8 +157,87 @@ def _mean(values: Sequence[float]) -> float:
     return fmean(kept) if kept else float("nan")
 
 
-def write_report(root: Path, seeds: Sequence[int]) -> dict[str, Any]:
-    """``compare.json``, ``compare.md`` and ``compare.png`` from the arms' ``metrics.jsonl``."""
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the Student-t confidence interval of the mean of ``values`` (NaN bounds below two)."""
+    kept = [v for v in values if not math.isnan(v)]
+    if not kept:
+        return math.nan, math.nan, math.nan
+    mean = fmean(kept)
+    if len(kept) < 2:
+        return mean, math.nan, math.nan
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + level / 2, len(kept) - 1)) * stdev(kept) / math.sqrt(len(kept))
+    return mean, mean - half, mean + half
+
+
+PAIRED = ("tool_error_ratio_correct", "reward", "accuracy", "response_tokens", "tool_calls_per_trajectory")
+"""Quantities whose per-seed difference RoC - GRPO is reported (second-half means and all-steps means)."""
+
+
+def paired_differences(runs: dict[str, dict[int, list[dict[str, Any]]]], seeds: Sequence[int]) -> dict[str, Any]:
+    """Per quantity and window (``second_half``, ``all_steps``): each seed's RoC - GRPO, their mean and 95%
+    t-interval over seeds."""
+    out: dict[str, Any] = {}
+    for key in PAIRED:
+        entry: dict[str, Any] = {}
+        for window in ("second_half", "all_steps"):
+            per_seed = {}
+            for seed in seeds:
+                means = []
+                for arm in ("roc", "grpo"):
+                    rows = runs[arm][seed]
+                    rows = rows[len(rows) // 2 :] if window == "second_half" else rows
+                    means.append(_mean(_series(rows, key)))
+                per_seed[str(seed)] = means[0] - means[1]
+            mean, low, high = t_interval(list(per_seed.values()))
+            entry[window] = {"per_seed": per_seed, "mean": mean, "ci95": [low, high]}
+        out[key] = entry
+    return out
+
+
+def step1_paired(root: Path, seeds: Sequence[int]) -> dict[str, dict[str, int] | None]:
+    """Per seed: how many step-1 rollouts both arms drew identically (every action's token ids), of how many.
+    All of them, on one machine in float32; a GPU may flip a rare draw (see docs/roc_experiment.md), and the
+    episode then differs from that token on. None when an arm did not save them."""
+    result: dict[str, dict[str, int] | None] = {}
+    for seed in seeds:
+        by_arm = []
+        for arm in ARMS:
+            path = arm_dir(root, arm, seed) / "trajectories.jsonl"
+            if not path.exists():
+                by_arm.append(None)
+                continue
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            by_arm.append({(r.get("id"), r["metadata"].get("sample")): [t.get("action_token_ids") for t in r["turns"]]
+                           for r in rows if r["metadata"].get("step") == 1})
+        if by_arm[0] is None or by_arm[1] is None:
+            result[str(seed)] = None
+            continue
+        a, b = by_arm
+        result[str(seed)] = {"identical": sum(1 for k in a if k in b and a[k] == b[k]), "of": max(len(a), len(b))}
+    return result
+
+
+def write_per_step_csv(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> Path:
+    """One line per (seed, step, arm): the rollouts' figures before selection, and the log-prob gap if measured."""
+    columns = ["tool_error_ratio_correct", "tool_error_ratio", "reward", "accuracy", "tool_calls_per_trajectory",
+               "response_tokens", "groups_kept", "sampler/kept_pos/error_penalty", "logprob_gap/mean_abs",
+               "logprob_gap/outside_clip", "time/step_s"]
+    lines = [",".join(["seed", "step", "arm", *columns])]
+    for arm, by_seed in runs.items():
+        for seed, rows in by_seed.items():
+            for r in rows:
+                cells = [str(seed), str(r["step"]), arm]
+                cells += ["" if r.get(c) is None else f"{float(r[c]):.6g}" for c in columns]
+                lines.append(",".join(cells))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_report(root: Path, seeds: Sequence[int], keep: int | None = None) -> dict[str, Any]:
+    """``compare.json``, ``compare.md``, ``compare.png``, ``per_step.csv`` and (given ``keep`` = G, when the arms
+    saved their step-1 rollouts) ``roc_check.json`` from the arms' output."""
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {arm: {} for arm in ARMS}
     for arm in ARMS:
         for seed in seeds:
@@ -114,10 +256,31 @@ def write_report(root: Path, seeds: Sequence[int]) -> dict[str, Any]:
             entry[name] = {"mean_second_half": _mean(
                 [_mean(_series(rows[len(rows) // 2 :], name)) for rows in by_seed.values()])}
         summary["arms"][arm] = entry
+    summary["paired"] = paired_differences(runs, seeds)
+    summary["paired_step1"] = step1_paired(root, seeds)
+    if keep is not None:
+        summary["roc_check"] = _roc_check_all_seeds(root, seeds, keep)
+        if summary["roc_check"] is not None:
+            (root / "roc_check.json").write_text(json.dumps(summary["roc_check"], indent=1))
     (root / "compare.json").write_text(json.dumps(summary, indent=1))
+    write_per_step_csv(runs, root / "per_step.csv")
     (root / "compare.md").write_text(markdown_table(summary))
     plot_compare(runs, root / "compare.png")
     return summary
+
+
+def _roc_check_all_seeds(root: Path, seeds: Sequence[int], keep: int) -> dict[str, Any] | None:
+    """The sampler-only check on every seed's step-1 rollouts (the GRPO arm's; paired, they are the RoC arm's)."""
+    from rstar_trainers.local.roc_check import read_step_groups, roc_check
+
+    groups = []
+    for seed in seeds:
+        path = arm_dir(root, "grpo", seed) / "trajectories.jsonl"
+        if path.exists():
+            groups += read_step_groups(path, step=1)
+    if not groups:
+        return None
+    return roc_check(groups, keep, roc=ARMS["roc"]["options"])
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
@@ -136,6 +299,31 @@ def markdown_table(summary: dict[str, Any]) -> str:
     seeds = ", ".join(map(str, summary["seeds"]))
     lines.append("")
     lines.append(f"Seeds {seeds}; ± is the spread (population std) of the per-seed second-half means.")
+    paired = summary.get("paired")
+    if paired:
+        seed_keys = [str(s) for s in summary["seeds"]]
+        lines += ["", "Paired difference RoC - GRPO (same seeds, same step-1 rollouts), per seed and mean with its 95% "
+                  "t-interval over seeds:", "",
+                  "| quantity | window | " + " | ".join(f"seed {s}" for s in seed_keys) + " | mean | 95% CI |",
+                  "|" + "---|" * (4 + len(seed_keys))]
+        for key, entry in paired.items():
+            for window in ("second_half", "all_steps"):
+                e = entry[window]
+                low, high = e["ci95"]
+                cells = [key, window.replace("_", " "), *(f"{e['per_seed'][s]:+.4f}" for s in seed_keys),
+                         f"{e['mean']:+.4f}", "n/a (one seed)" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"]
+                lines.append("| " + " | ".join(cells) + " |")
+    pairing = summary.get("paired_step1")
+    if pairing:
+        lines += ["", "Step-1 rollouts identical in both arms: " + ", ".join(
+            f"seed {s}: {v['identical']} of {v['of']}" if v else f"seed {s}: not saved" for s, v in pairing.items())]
+    check = summary.get("roc_check")
+    if check:
+        lines += ["", "Sampler-only check on the step-1 rollouts (all seeds): selected positives' tool-error ratio "
+                  f"GRPO-RoC {check['roc_selected_error_ratio']:.4f} vs GRPO {check['grpo_selected_error_ratio']:.4f} "
+                  f"(difference {check['difference']:+.4f}; before selection "
+                  f"{check['error_ratio_positives_before_selection']:.4f}; {check['mixed_groups']} mixed groups, "
+                  f"{check['positives_with_tool_error']} of {check['positives']} positives with a tool error)."]
     return "\n".join(lines) + "\n"
 
 
@@ -148,8 +336,8 @@ def plot_compare(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'rstar-env[local]'") from exc
     colors = {"grpo": "tab:blue", "roc": "tab:red"}
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.2))
-    for ax, (key, title) in zip(axes, PANELS, strict=True):
+    fig, axes = plt.subplots(1, len(PANELS) + 1, figsize=(6 * (len(PANELS) + 1), 4.2))
+    for ax, (key, title) in zip(axes, PANELS, strict=False):
         for arm, by_seed in runs.items():
             width = max((len(rows) for rows in by_seed.values()), default=0)
             for rows in by_seed.values():  # each seed thin, their mean thick
@@ -161,6 +349,23 @@ def plot_compare(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    # The paired view: each seed's RoC - GRPO per step (same seeds, same streams), and their mean.
+    ax, key = axes[-1], PANELS[0][0]
+    diffs = []
+    for seed in runs["roc"]:
+        roc, grpo = runs["roc"][seed], runs["grpo"].get(seed, [])
+        n = min(len(roc), len(grpo))
+        d = [a - b for a, b in zip(_series(roc[:n], key), _series(grpo[:n], key), strict=True)]
+        diffs.append(d)
+        ax.plot(range(1, n + 1), d, color="tab:purple", alpha=0.3, lw=1)
+    width = max((len(d) for d in diffs), default=0)
+    ax.plot(range(1, width + 1), [_mean([d[i] for d in diffs if i < len(d)]) for i in range(width)],
+            color="tab:purple", lw=2.2, marker="o", ms=3, label=f"RoC - GRPO (mean of {len(diffs)} seeds)")
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_title("paired difference: tool-error ratio in correct trajectories", fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

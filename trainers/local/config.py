@@ -8,9 +8,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from rstar_env.config import ConfigError, RunConfig, validation_error_message
+from rstar_trainers.hyperparams import RLHyperparameters
 
 # Keys of the OpenRLHF SFT section that mean nothing on one machine: accepted (one schema for both backends), unused.
 _DISTRIBUTED_SFT_KEYS = ("num_nodes", "gpus_per_node", "hostfile", "deepspeed", "extra_args")
+
+
+KeepCheckpoints = Literal["last", "none", "all"] | PositiveInt
+"""Which checkpoints (``output_dir/checkpoints``; model, optimizer, generators: about three times the model's size)
+a local trainer keeps. ``last``: the newest only, also once the run has finished. ``none``: the newest while the run
+goes on (an interrupted run resumes), all of them removed once it has finished and saved its final model (that
+model stays; the run cannot be continued). ``all``: every one. ``N``: the newest N."""
 
 
 class LocalSFTConfig(BaseModel):
@@ -55,7 +63,9 @@ class LocalSFTConfig(BaseModel):
 
     save_steps: int = -1
     """Checkpoint every N steps (-1: only at the end and on Ctrl-C)."""
-    keep_checkpoints: PositiveInt = 2
+    keep_checkpoints: KeepCheckpoints = "none"
+    """``none`` (default), ``last``, ``all`` or a count (see :data:`KeepCheckpoints`). A finished SFT stage is never
+    resumed (a rerun finds ``done.json`` and its model), so by default its checkpoints go once it has finished."""
     save_hf: bool = True
     """Save the final weights under ``output_dir/model`` (what the RL stage starts from)."""
     tensorboard: bool = True
@@ -86,10 +96,11 @@ def sft_config(data: dict[str, Any], **overrides: Any) -> LocalSFTConfig:
         raise ConfigError(validation_error_message(exc, "invalid SFT trainer section:", prefix="trainer.")) from None
 
 
-class LocalTrainerConfig(BaseModel):
+class LocalTrainerConfig(RLHyperparameters):
     """Single-machine GRPO-RoC. Each step rolls out ``group_size * oversample`` trajectories for each of
     ``prompts_per_step`` prompts, lets the sampler keep ``group_size`` of each group, and takes ``updates_per_step``
-    optimizer steps on them."""
+    optimizer steps on them. The RL hyperparameters are :class:`~rstar_trainers.hyperparams.RLHyperparameters`
+    (shared with the OpenRLHF trainer); the defaults of ``group_size`` and ``prompts_per_step`` fit a CPU."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -101,25 +112,22 @@ class LocalTrainerConfig(BaseModel):
     """An SFT stage run before RL, in ``output_dir/sft`` (keys of :class:`LocalSFTConfig`; ``model`` defaults to
     this section's): RL then starts from its weights. A rerun finds the finished stage and goes on."""
     device: str = "cpu"
+    """``cpu``, ``cuda`` or ``cuda:N`` (``rstar-env train/compare --device`` overrides it)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute precision of the rollout and training forward passes (autocast); weights and optimizer state stay
+    float32. ``bfloat16`` where the device has it (recent GPUs); set ``logprob_gap`` to see what it costs."""
+    logprob_gap: bool = False
+    """Each step, also run a teacher-forced pass on the kept trajectories and log how far the sampler's log-probs
+    are from it (``logprob_gap/mean_abs``, ``logprob_gap/outside_clip``: share of tokens whose ratio is outside
+    ``1 + clip_high``). Costs one more forward pass per step; only at temperature 1 without top-p."""
     output_dir: str = "runs/local"
     seed: int = 0
 
     steps: PositiveInt = 10
     prompts_per_step: PositiveInt = 4
     group_size: PositiveInt = 4
-    """G: trajectories kept (and trained on) per prompt."""
-    oversample: PositiveInt = 2
-    """Rollouts per prompt = ``group_size * oversample`` (the paper: 2G = 32 -> G = 16)."""
 
-    lr: PositiveFloat = 1e-6
-    weight_decay: NonNegativeFloat = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: PositiveFloat = 1.0
-    clip_low: NonNegativeFloat = 0.2
-    clip_high: NonNegativeFloat = 0.28
-    kl_coef: NonNegativeFloat = 0.0
-    """KL to the initial weights (k3 estimator); 0 (the default, as in the paper) loads no reference model."""
-    entropy_coef: NonNegativeFloat = 0.0
     advantage_eps: PositiveFloat = 1e-6
     micro_batch_size: PositiveInt = 8
     gradient_checkpointing: bool = True
@@ -127,23 +135,24 @@ class LocalTrainerConfig(BaseModel):
     updates_per_step: PositiveInt = 1
     """Optimizer steps per rollout batch (mini-batches); above 1 the clipped ratio starts to matter."""
 
-    temperature: NonNegativeFloat = 1.0
-    top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: PositiveInt = 512
     """Per assistant turn."""
-    max_response_tokens: PositiveInt = 8192
-    """The env's length budget in tokens (actions and tool output); a trajectory cut by it scores 0."""
     rollout_width: PositiveInt = 64
     """Episodes in flight during a rollout."""
     generation_batch_size: PositiveInt = 32
 
     save_every: int = Field(0, ge=0)
     """Checkpoint every N steps (0: only at the end and on Ctrl-C)."""
-    keep_checkpoints: PositiveInt = 2
+    keep_checkpoints: KeepCheckpoints = "last"
+    """``last`` (default), ``none``, ``all`` or a count (see :data:`KeepCheckpoints`). ``last`` keeps what resuming
+    needs, also after the run has finished: raising ``steps`` continues it."""
     tensorboard: bool = True
     wandb_project: str | None = None
     save_trajectories: bool = True
     """Append every step's trajectories to ``output_dir/trajectories.jsonl`` (input of ``rstar-env filter-hard``)."""
+    save_trajectories_steps: int = Field(0, ge=0)
+    """With ``save_trajectories``: 0 saves every step's; N only the first N steps' (``rstar-env roc-check`` reads
+    step 1's)."""
     eval_dataset: str | None = None
     """Held-out problems rolled out once each at the end: pass@1 under the run's reward, tool-call and answer-format
     shares, written to ``output_dir/eval.json``."""
@@ -155,10 +164,6 @@ class LocalTrainerConfig(BaseModel):
     the policy being trained; 0 is greedy)."""
     save_model: bool = True
     """Save the final weights in Hugging Face format under ``output_dir/model`` (loadable by ``rstar-env eval``)."""
-
-    @property
-    def rollouts_per_prompt(self) -> int:
-        return self.group_size * self.oversample
 
 
 def trainer_config(run: RunConfig, *, force_local: bool = False, **overrides: Any) -> LocalTrainerConfig:

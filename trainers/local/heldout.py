@@ -10,7 +10,7 @@ from statistics import fmean
 from typing import Any
 
 from rstar_env.config import RunConfig
-from rstar_env.rollout.collect import collect, jobs_for
+from rstar_env.rollout.collect import Job, iter_collect, jobs_for
 from rstar_env.rollout.local import TransformersPolicy
 from rstar_env.rollout.metrics import has_answer_format
 from rstar_env.rollout.policy import SamplingParams
@@ -56,20 +56,39 @@ def evaluate_model(
     width: int = 32,
     batch_size: int = 32,
     device: str = "cpu",
+    dtype: str = "float32",
+    on_done: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Roll ``model`` out on ``rows`` in ``run``'s env (its tools, reward, turns) and summarise tool use; the model
-    is put in eval mode and left there."""
+    is put in eval mode and left there. ``on_done(done, total)`` as each episode ends (progress)."""
     model.eval()
-    policy = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, device=device,
+    policy = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, device=device, dtype=dtype,
                                 sampling=SamplingParams(temperature, 1.0, max_new_tokens, seed))
     jobs = jobs_for(rows, samples)
     env = MathToolVectorEnv(min(width, len(jobs)), config=run, tokenizer=tokenizer, max_length=max_response_tokens,
                             length_unit="tokens")
     try:
-        trajectories = asyncio.run(collect(policy, jobs, env=env))
+        trajectories = asyncio.run(collect_reporting(policy, jobs, env, on_done))
     finally:
         env.close()
     return tool_use_summary(trajectories), trajectories
+
+
+async def collect_reporting(policy: Any, jobs: Sequence[Job], env: MathToolVectorEnv,
+                            on_done: Callable[[int, int], None] | None = None, **options: Any) -> list[Trajectory]:
+    """:func:`~rstar_env.rollout.collect.collect` (trajectories in job order), calling ``on_done(done, total)`` as
+    each episode ends; ``options`` go to :func:`~rstar_env.rollout.collect.iter_collect` (``seed``...)."""
+    index = {id(job): i for i, job in enumerate(jobs)}
+    out: list[Trajectory | None] = [None] * len(jobs)
+    if on_done is not None:
+        on_done(0, len(jobs))
+    done = 0
+    async for job, trajectory in iter_collect(policy, jobs, env=env, **options):
+        out[index[id(job)]] = trajectory
+        done += 1
+        if on_done is not None:
+            on_done(done, len(jobs))
+    return [t for t in out if t is not None]
 
 
 def record_held_out(out: Path, name: str, step: int, logger: Any, evaluate: Callable[[], dict[str, float]],

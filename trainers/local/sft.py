@@ -1,7 +1,8 @@
 """Supervised fine-tuning on one machine (``trainer.stage: sft``): the paper's non-reasoning SFT stage, which teaches
 the tool-call and answer format before RL.
 
-Conversations are tokenized exactly as the env lays out an episode (:func:`rstar_env.data.sft_tokens`): the loss
+Conversations are tokenized exactly as the env lays out an episode
+(:func:`rstar_env.rollout.sft_data.sft_tokens`): the loss
 is on assistant tokens only; the prompt, the tool responses and the chat markers the env writes are masked. One
 step is ``train_batch_size`` conversations (a seeded permutation per epoch, the position checkpointed), in
 micro-batches of ``micro_train_batch_size``, averaged per token over the whole batch (so accumulation is exact).
@@ -26,11 +27,13 @@ import torch
 
 from rstar_env.config import RunConfig
 from rstar_env.data import DataError, load_dataset
-from rstar_env.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
+from rstar_env.rollout.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
 from rstar_trainers.local.checkpoint import (
     peak_rss_gib,
     read_checkpoint,
+    refuse_finished_run,
     release_memory,
+    remove_checkpoints,
     restore_training_state,
     save_pretrained,
     training_state,
@@ -75,13 +78,21 @@ class SFTTrainer:
         resume: bool = True,
         model_and_tokenizer: tuple[Any, Any] | None = None,
         examples: list[SFTTokens] | None = None,
+        on_progress: Callable[[str, int, int, str], None] | None = None,
     ) -> None:
         """``model_and_tokenizer``: weights to train instead of loading ``settings.model``; ``examples``:
-        tokenized conversations instead of reading ``settings.dataset``."""
+        tokenized conversations instead of reading ``settings.dataset``; ``on_progress(key, done, total,
+        description)``: progress of the data generation, the steps and the held-out evaluation."""
         self.run = run
+        self.on_progress = on_progress
         self.cfg = settings
         self.out = Path(settings.output_dir)
+        loading = self._reporter("model", f"loading {settings.model}") if model_and_tokenizer is None else None
+        if loading is not None:
+            loading(0, 1)
         self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
+        if loading is not None:
+            loading(1, 1)
         self.examples = examples if examples is not None else self.load_examples()
         if not self.examples:
             raise DataError(f"the SFT dataset {settings.dataset!r} has no conversation with an assistant token")
@@ -101,7 +112,7 @@ class SFTTrainer:
         """Tokenize ``dataset`` (generated, or a jsonl of ``{"messages"}`` rows) in the env's chat format."""
         spec = parse_tool_sft_spec(self.cfg.dataset)
         if spec is not None:
-            rows = generate_tool_sft(**spec, config=self.run)
+            rows = generate_tool_sft(**spec, config=self.run, on_done=self._reporter("sft-data", "SFT data: examples"))
         else:
             path = Path(self.cfg.dataset)
             if not path.is_file():
@@ -126,14 +137,25 @@ class SFTTrainer:
                 examples.append(tokens)
         return examples
 
+    def _reporter(self, key: str, description: str) -> Callable[[int, int], None] | None:
+        report = self.on_progress
+        if report is None:
+            return None
+        return lambda done, total: report(key, done, total, description)
+
     # -- the loop ----------------------------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Train to the end of ``max_epochs`` (or ``max_steps`` more steps); Ctrl-C saves a checkpoint, then
         re-raises. At the end: save the model (``save_hf``) and evaluate on ``eval_dataset``."""
         target = self.total_steps if max_steps is None else min(self.total_steps, self.step + max_steps)
+        stepped = self._reporter("sft-steps", "SFT steps")
         try:
             while self.step < target:
+                if stepped is not None:
+                    stepped(self.step, self.total_steps)
                 metrics = self.train_step()
+                if stepped is not None:
+                    stepped(self.step, self.total_steps)
                 if on_step is not None:
                     on_step(metrics)
                 if self.cfg.save_steps > 0 and self.step % self.cfg.save_steps == 0:
@@ -206,7 +228,8 @@ class SFTTrainer:
         rows = load_dataset(self.cfg.eval_dataset, limit=limit)
         report, _ = evaluate_model(self.model, self.tokenizer, self.run, list(rows),
                                    max_new_tokens=self.cfg.eval_max_new_tokens, max_response_tokens=self.cfg.max_len,
-                                   temperature=self.cfg.eval_temperature, seed=self.cfg.seed, device=self.cfg.device)
+                                   temperature=self.cfg.eval_temperature, seed=self.cfg.seed, device=self.cfg.device,
+                                   on_done=self._reporter("held-out", "SFT held-out episodes"))
         return report
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
@@ -227,6 +250,7 @@ class SFTTrainer:
         """Load the latest checkpoint under ``output_dir``, if any."""
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
+            refuse_finished_run(self.out, self.checkpoint_dir)
             return False
         self.step, cursor = restore_training_state(state, self.model, self.optimizer)
         self.cursor = DataCursor(*cursor)
@@ -248,6 +272,7 @@ def run_sft_stage(
     *,
     max_steps: int | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[str, int, int, str], None] | None = None,
 ) -> tuple[Path | None, dict[str, float]]:
     """Run (or resume, or find finished) the SFT stage in ``settings.output_dir``.
 
@@ -260,7 +285,7 @@ def run_sft_stage(
     if done.exists():
         record = json.loads(done.read_text())
         return Path(record["model"]), record.get("eval", {})
-    trainer = SFTTrainer(run, settings)
+    trainer = SFTTrainer(run, settings, on_progress=on_progress)
     try:
         trainer.train(max_steps=max_steps, on_step=on_step)
         if not trainer.finished:
@@ -270,16 +295,13 @@ def run_sft_stage(
         if not settings.save_hf:
             model_dir = trainer.save_model()
         done.write_text(json.dumps({"model": str(model_dir), "steps": trainer.step, "eval": report}, indent=2))
+        if settings.keep_checkpoints == "none":  # a rerun goes by done.json and the model: nothing to resume
+            remove_checkpoints(trainer.checkpoint_dir, trainer.step, model_dir)
         return model_dir, report
     finally:
         trainer.close()
         del trainer
         release_memory()
-
-
-def _print_step(metrics: dict[str, Any]) -> None:
-    columns = ("step", "loss", "grad_norm", "lr", "time/step_s")
-    print("  ".join(f"{metrics.get(c, 0):>12.4g}" for c in columns), flush=True)
 
 
 def run_sft_stage_isolated(run: RunConfig, settings: LocalSFTConfig) -> tuple[Path | None, dict[str, float]]:
@@ -296,8 +318,13 @@ def run_sft_stage_isolated(run: RunConfig, settings: LocalSFTConfig) -> tuple[Pa
 
 def _sft_child(run: RunConfig, settings: LocalSFTConfig) -> tuple[Path | None, dict[str, float]]:
     _die_with_parent()
-    print("        step          loss     grad_norm            lr        step_s", flush=True)
-    return run_sft_stage(run, settings, on_step=_print_step)
+    from rstar_trainers.local.progress import SFT_COLUMNS, RunProgress, table_header, table_row
+
+    with RunProgress() as progress:
+        for line in table_header(SFT_COLUMNS):
+            progress.print(line)
+        return run_sft_stage(run, settings, on_step=lambda m: progress.print(table_row(SFT_COLUMNS, m)),
+                             on_progress=progress.update)
 
 
 def _die_with_parent() -> None:

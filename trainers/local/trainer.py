@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import json
 import random
 import time
@@ -34,9 +35,9 @@ import torch
 from rstar_env.config import RunConfig, load_config
 from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
-from rstar_env.rollout.collect import collect, jobs_for, trajectory_tokens
+from rstar_env.rollout.collect import jobs_for, trajectory_tokens
 from rstar_env.rollout.dispatch import DispatchPolicy, EngineSpec, engine_stats_metrics
-from rstar_env.rollout.local import TransformersPolicy, load_model
+from rstar_env.rollout.local import TransformersPolicy, autocast, check_dtype, load_model
 from rstar_env.rollout.metrics import summarize
 from rstar_env.rollout.policy import SamplingParams
 from rstar_env.sampler import checked_select
@@ -45,14 +46,16 @@ from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.checkpoint import (
     peak_rss_gib,
     read_checkpoint,
+    refuse_finished_run,
     release_memory,
+    remove_checkpoints,
     restore_training_state,
     save_pretrained,
     training_state,
     write_checkpoint,
 )
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
-from rstar_trainers.local.heldout import evaluate_model, record_held_out
+from rstar_trainers.local.heldout import collect_reporting, evaluate_model, record_held_out
 from rstar_trainers.local.logging import MetricsLogger, truncate_jsonl
 from rstar_trainers.local.loss import clipped_policy_loss, group_advantages, masked_token_logprobs
 
@@ -97,13 +100,21 @@ class LocalTrainer:
         *,
         resume: bool = True,
         model_and_tokenizer: tuple[Any, Any] | None = None,
+        on_progress: Callable[[str, int, int, str], None] | None = None,
     ) -> None:
         """``model_and_tokenizer``: weights to train instead of loading ``settings.model`` (the trainer owns them
-        from then on)."""
+        from then on); ``on_progress``: see :attr:`on_progress` (here also the model's loading)."""
         self.run = run
         self.cfg = settings
         self.out = Path(settings.output_dir)
+        self.on_progress: Callable[[str, int, int, str], None] | None = on_progress
+        """``(key, done, total, description)`` as rollouts, updates and held-out episodes finish (progress)."""
+        loading = self._reporter("model", f"loading {settings.model}") if model_and_tokenizer is None else None
+        if loading is not None:
+            loading(0, 1)
         self.model, self.tokenizer, self.optimizer = prepare_training(settings, model_and_tokenizer)
+        if loading is not None:
+            loading(1, 1)
         self.model.train()
         self.reference = None
         if settings.kl_coef > 0:
@@ -113,6 +124,7 @@ class LocalTrainer:
             tokenizer=self.tokenizer,
             batch_size=settings.generation_batch_size,
             device=settings.device,
+            dtype=settings.dtype,
             sampling=SamplingParams(settings.temperature, settings.top_p, settings.max_new_tokens, settings.seed),
         )
         # Rollouts go through the dispatcher, as eval's do: one local engine here (its micro-batching queue sees
@@ -144,9 +156,13 @@ class LocalTrainer:
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              on_eval: Callable[[str, dict[str, float]], None] | None = None) -> None:
+              on_eval: Callable[[str, dict[str, float]], None] | None = None,
+              on_progress: Callable[[str, int, int, str], None] | None = None) -> None:
         """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises.
-        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written."""
+        ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written;
+        ``on_progress`` (see :attr:`on_progress`) the progress within steps and held-out evaluations."""
+        if on_progress is not None:
+            self.on_progress = on_progress
         target = self.cfg.steps if max_steps is None else min(self.cfg.steps, self.step + max_steps)
         if self.cfg.eval_at_start and self.step == 0:
             self._held_out("eval_start", on_eval)
@@ -166,7 +182,9 @@ class LocalTrainer:
         if self.step >= self.cfg.steps:
             self._held_out("eval", on_eval)
             if self.cfg.save_model:
-                self.save_model()
+                model = self.save_model()
+                if self.cfg.keep_checkpoints == "none":  # the final model stays; nothing is left to resume
+                    remove_checkpoints(self.checkpoint_dir, self.step, model)
 
     def _held_out(self, name: str, on_eval: Callable[[str, dict[str, float]], None] | None) -> None:
         if self.cfg.eval_dataset:
@@ -182,8 +200,15 @@ class LocalTrainer:
                                    temperature=self.cfg.temperature if self.cfg.eval_temperature is None
                                    else self.cfg.eval_temperature, seed=self.cfg.seed + 10_000,
                                    width=self.cfg.rollout_width, batch_size=self.cfg.generation_batch_size,
-                                   device=self.cfg.device)
+                                   device=self.cfg.device, dtype=self.cfg.dtype,
+                                   on_done=self._reporter("held-out", "held-out episodes"))
         return report
+
+    def _reporter(self, key: str, description: str) -> Callable[[int, int], None] | None:
+        report = self.on_progress
+        if report is None:
+            return None
+        return lambda done, total: report(key, done, total, description)
 
     def train_step(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -192,7 +217,11 @@ class LocalTrainer:
         gen_before = self.policy.seconds_generating
         self.model.eval()
         engines_before = self.rollout_policy.stats()
-        trajectories = asyncio.run(collect(self.rollout_policy, jobs, env=self.env))
+        # Every request's sampling stream is seeded from (this step's seed, problem, sample, turn): a rerun, or the
+        # other arm of a comparison at the same weights, draws the same tokens whatever the tool timing.
+        trajectories = asyncio.run(collect_reporting(
+            self.rollout_policy, jobs, self.env, self._reporter("rollout", f"step {self.step + 1}: rollouts"),
+            seed=rollout_seed(self.cfg.seed, self.step)))
         rollout_s = time.perf_counter() - started
         generation_s = self.policy.seconds_generating - gen_before
 
@@ -202,11 +231,17 @@ class LocalTrainer:
         samples, selection = self.select(list(groups.values()))
 
         train_started = time.perf_counter()
+        updating = self._reporter("update", f"step {self.step + 1}: updating the weights")
+        if updating is not None:
+            updating(0, 1)
         update = self.update(samples) if samples else {"loss": 0.0, "grad_norm": 0.0, "skipped_update": 1.0}
+        if updating is not None:
+            updating(1, 1)
         train_s = time.perf_counter() - train_started
         release_memory()
         self.step += 1
-        if self.cfg.save_trajectories:
+        if self.cfg.save_trajectories and (not self.cfg.save_trajectories_steps
+                                           or self.step <= self.cfg.save_trajectories_steps):
             self._save_trajectories(trajectories)
         metrics = {
             "step": self.step,
@@ -240,7 +275,10 @@ class LocalTrainer:
         self.model.train()
         order = np.random.default_rng([self.cfg.seed, self.step]).permutation(len(samples)).tolist()
         minibatches = [order[i :: self.cfg.updates_per_step] for i in range(self.cfg.updates_per_step)]
+        gap: dict[str, float] = {}
         with torch.no_grad():  # the old policy's log-probs, before any update of this step
+            if self.cfg.logprob_gap and self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0:
+                gap = logprob_gap(self._per_sample_logprobs(self.model, samples), samples, self.cfg.clip_high)
             if self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0:
                 # Sampling at temperature 1 without top-p draws from the model's own distribution, so the sampler's
                 # log-probs are the old policy's (tests/test_rollout_local.py checks they match a forward pass).
@@ -277,6 +315,7 @@ class LocalTrainer:
             "grad_norm": fmean(totals["grad_norm"]) if totals["grad_norm"] else 0.0,
             "train/samples": float(len(samples)),
             "train/action_tokens": float(sum(sum(s.action_mask) for s in samples)),
+            **gap,
         }
 
     def _batch(self, samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -300,7 +339,8 @@ class LocalTrainer:
         for lo in range(0, len(order), self.cfg.micro_batch_size):
             micro = order[lo : lo + self.cfg.micro_batch_size]
             ids, attention, action = self._batch([samples[i] for i in micro])
-            logp, _ = masked_token_logprobs(model, ids, attention, action)
+            with autocast(self.cfg.dtype, self.cfg.device):
+                logp, _ = masked_token_logprobs(model, ids, attention, action)
             for row, i in enumerate(micro):
                 out[i] = logp[row, : len(samples[i].input_ids) - 1]
         return out
@@ -308,8 +348,9 @@ class LocalTrainer:
     def _micro_loss(self, samples: Sequence[Sample], old: Sequence[torch.Tensor],
                     ref: Sequence[torch.Tensor] | None, total_tokens: int) -> Any:
         ids, attention, action = self._batch(samples)
-        logp, entropy = masked_token_logprobs(self.model, ids, attention, action,
-                                              entropy_grad=self.cfg.entropy_coef > 0)
+        with autocast(self.cfg.dtype, self.cfg.device):
+            logp, entropy = masked_token_logprobs(self.model, ids, attention, action,
+                                                  entropy_grad=self.cfg.entropy_coef > 0)
         width = logp.shape[1]
         old_t = torch.stack([_pad_to(o, width) for o in old])
         ref_t = torch.stack([_pad_to(r, width) for r in ref]) if ref else None
@@ -345,6 +386,7 @@ class LocalTrainer:
         """Load the latest checkpoint under ``output_dir``, if any."""
         state = read_checkpoint(self.checkpoint_dir)
         if state is None:
+            refuse_finished_run(self.out, self.checkpoint_dir)
             return False
         self.step, cursor = restore_training_state(state, self.model, self.optimizer)
         self.cursor = DataCursor(*cursor)
@@ -413,6 +455,33 @@ def rollout_metrics(
     return metrics
 
 
+def rollout_seed(seed: int, step: int) -> int:
+    """The run seed of one step's sampling streams: a hash of (trainer seed, step), so steps never share streams."""
+    return int.from_bytes(hashlib.blake2b(f"rl-step\x1f{seed}\x1f{step}".encode(), digest_size=8).digest(), "big") >> 1
+
+
+def logprob_gap(teacher_forced: Sequence[torch.Tensor], samples: Sequence[Sample], clip_high: float
+                ) -> dict[str, float]:
+    """How far the sampler's log-probs are from a teacher-forced pass of the same weights on the same ids, over
+    every generated token: mean ``|delta|``, max, and the share of tokens whose ratio ``exp(delta)`` falls outside
+    ``[1 / (1 + clip_high), 1 + clip_high]`` (those the clipped loss treats as off-policy)."""
+    deltas = []
+    for forced, sample in zip(teacher_forced, samples, strict=True):
+        mask = torch.tensor(sample.action_mask[1:], dtype=torch.bool)
+        sampled = torch.tensor(sample.logprobs[1:], dtype=torch.float32)
+        deltas.append((forced.detach().float().cpu() - sampled)[mask])
+    delta = torch.cat(deltas) if deltas else torch.empty(0)
+    if delta.numel() == 0:
+        return {}
+    bound = float(np.log1p(clip_high))
+    return {
+        "logprob_gap/mean_abs": float(delta.abs().mean()),
+        "logprob_gap/max_abs": float(delta.abs().max()),
+        "logprob_gap/outside_clip": float((delta.abs() > bound).float().mean()),
+        "logprob_gap/tokens": float(delta.numel()),
+    }
+
+
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.shape[0] == width else torch.nn.functional.pad(t, (0, width - t.shape[0]))
 
@@ -422,9 +491,13 @@ def prepare_training(settings: Any, model_and_tokenizer: tuple[Any, Any] | None)
     loaded from ``settings.model``) with gradient checkpointing as configured, and its AdamW optimizer."""
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     _seed_everything(settings.seed)
+    check_device(settings.device)
+    check_dtype(getattr(settings, "dtype", "float32"), settings.device)
     if model_and_tokenizer is not None:
         model, tokenizer = model_and_tokenizer
+        model.to(settings.device)
     else:
+        # float32 master weights whatever the compute dtype (autocast): a 1e-6 update vanishes in bfloat16.
         model, tokenizer = load_model(settings.model, device=settings.device, cache=False)
     # foreach=False: the fused multi-tensor update would hold temporaries the size of all parameters at once.
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,
@@ -434,11 +507,28 @@ def prepare_training(settings: Any, model_and_tokenizer: tuple[Any, Any] | None)
     return model, tokenizer, optimizer
 
 
+def check_device(device: str) -> str:
+    """``device`` if torch can use it here; otherwise a clear error."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device ({exc}): use cpu, cuda or cuda:N") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: this torch build ({torch.__version__}) sees no CUDA GPU; use cpu, "
+                         "or install a CUDA build of torch")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available here; use cpu")
+    return device
+
+
 def _enable_checkpointing(model: Any) -> None:
     """Gradient checkpointing for training forward passes; generation (``use_cache``) is unaffected because
     transformers only checkpoints in training mode."""
     if getattr(model, "supports_gradient_checkpointing", False):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _seed_everything(seed: int) -> None:

@@ -43,7 +43,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from rstar_env import _aio
+from rstar_env import aio
 from rstar_env.config import RunConfig
 from rstar_env.env import MathToolEnv
 from rstar_env.format import TOOL_CALL_CLOSE, get_chat_format
@@ -97,7 +97,7 @@ def episode_logs(trajectory: Trajectory | None) -> dict[str, float]:
 
 async def on_env_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` run on rstar-env's own loop thread; the caller's loop (vLLM's) only waits on a future."""
-    return await _aio.run_on_background(coro)
+    return await aio.run_on_background(coro)
 
 
 # -- process-wide settings and shared plugins ---------------------------------------------------------------------

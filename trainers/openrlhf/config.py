@@ -16,8 +16,9 @@ section. Two stages share the backend:
 
 ``stage: sft``: OpenRLHF's SFT trainer on chat data converted by :mod:`rstar_trainers.openrlhf.convert`.
 
-Field names shared with the local trainer (``group_size``, ``oversample``, ``lr``, ``clip_low``, ``clip_high``,
-``kl_coef``, ``temperature``, ``top_p``, ``max_response_tokens``, ``output_dir``, ``seed``) mean the same thing.
+The RL hyperparameters (``group_size``, ``oversample``, ``prompts_per_step``, ``lr``, ``clip_low``, ``clip_high``,
+``kl_coef``, ``entropy_coef``, ``temperature``, ``top_p``, ``max_response_tokens``...) are one model shared with
+the local trainer, :class:`~rstar_trainers.hyperparams.RLHyperparameters`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pydantic import (
 )
 
 from rstar_env.config import ConfigError, RunConfig, validation_error_message
+from rstar_trainers.hyperparams import RLHyperparameters
 
 DEFAULT_MODEL = "Qwen/Qwen3-14B-Base"
 """The base model of the rStar2-Agent report."""
@@ -101,10 +103,13 @@ class EvalConfig(_Model):
     temperature: NonNegativeFloat = 0.6
 
 
-class OpenRLHFRLConfig(_Model):
+class OpenRLHFRLConfig(RLHyperparameters):
     """GRPO-RoC on OpenRLHF. Each step rolls out ``group_size * oversample`` trajectories for each of
     ``prompts_per_step`` prompts, the sampler plugin keeps ``group_size`` of each group (or drops it), and
-    OpenRLHF's ``group_norm`` estimator computes advantages on exactly the kept ``group_size``."""
+    OpenRLHF's ``group_norm`` estimator computes advantages on exactly the kept ``group_size``. The RL
+    hyperparameters are :class:`~rstar_trainers.hyperparams.RLHyperparameters` (shared with the local trainer):
+    ``group_size`` is OpenRLHF's ``--rollout.n_samples_per_prompt``, ``prompts_per_step`` its
+    ``--rollout.batch_size``."""
 
     backend: Literal["openrlhf"] = "openrlhf"
     stage: Literal["rl"] = "rl"
@@ -113,10 +118,6 @@ class OpenRLHFRLConfig(_Model):
     output_dir: str = "runs/openrlhf"
     seed: int = 42
 
-    group_size: PositiveInt = 16
-    """G: trajectories kept and trained on per prompt (OpenRLHF's ``--rollout.n_samples_per_prompt``)."""
-    oversample: PositiveInt = 2
-    """Rollouts per prompt = ``group_size * oversample`` (the paper: 2G = 32 -> G = 16). 1 turns RoC off."""
     refill: bool = False
     """When the sampler drops groups, roll out fresh prompts until the step has ``prompts_per_step`` kept groups
     (off: train on the groups that survived, as the reference implementation does)."""
@@ -125,8 +126,6 @@ class OpenRLHFRLConfig(_Model):
     else ``engine_max_prompts`` decides); see :mod:`rstar_trainers.openrlhf.engine_queue`."""
     engine_max_prompts: PositiveInt = 64
     """Prompts (each with all its samples) in flight per engine when its KV capacity is unknown."""
-    prompts_per_step: PositiveInt = 64
-    """Prompts rolled out per step (OpenRLHF's ``--rollout.batch_size``)."""
     train_batch_size: PositiveInt | None = None
     """Samples per optimizer step; ``None``: ``prompts_per_step * group_size`` (one on-policy update per step)."""
     micro_train_batch_size: PositiveInt = 1
@@ -138,23 +137,11 @@ class OpenRLHFRLConfig(_Model):
     dynamic_batch: bool = False
     max_tokens_per_gpu: PositiveInt | None = None
 
-    lr: PositiveFloat = 1e-6
     lr_scheduler: str = "constant_with_warmup"
     lr_warmup_ratio: NonNegativeFloat = 0.0
-    weight_decay: NonNegativeFloat = 0.0
-    max_grad_norm: PositiveFloat = 1.0
-    clip_low: NonNegativeFloat = 0.2
-    clip_high: NonNegativeFloat = 0.28
-    kl_coef: NonNegativeFloat = 0.0
-    """KL loss to the initial model (k3); 0 (the paper) starts no reference model at all."""
-    entropy_coef: NonNegativeFloat | None = None
 
-    temperature: NonNegativeFloat = 1.0
-    top_p: float = Field(1.0, gt=0, le=1)
     max_prompt_tokens: PositiveInt = 2048
     """The rendered prompt (system prompt with the tool schemas + problem)."""
-    max_response_tokens: PositiveInt = 8192
-    """The env's length budget in tokens: actions and tool output; a trajectory cut by it scores 0."""
     max_new_tokens_per_turn: PositiveInt | None = None
     """Cap on one assistant turn; ``None``: a turn may use what the length budget leaves."""
     stop: list[str] = Field(default_factory=list)
@@ -179,10 +166,6 @@ class OpenRLHFRLConfig(_Model):
     extra_args: dict[str, Any] = Field(default_factory=dict)
     """More OpenRLHF flags, dotted names without the dashes: ``{"vllm.enforce_eager": true}``. ``true`` is a
     bare flag, ``false``/``null`` omit it, a list is several values."""
-
-    @property
-    def rollouts_per_prompt(self) -> int:
-        return self.group_size * self.oversample
 
     @property
     def max_len(self) -> int:

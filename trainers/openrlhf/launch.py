@@ -155,7 +155,7 @@ def rl_flags(
         add("algo.kl.init_coef", 0)  # 0: OpenRLHF starts no reference model
     add("actor.eps_clip_low_high", [cfg.clip_low, cfg.clip_high])
     add("actor.loss_agg_mode", "token-mean")
-    add("actor.entropy_coef", cfg.entropy_coef)
+    add("actor.entropy_coef", cfg.entropy_coef or None)  # 0: no flag, OpenRLHF's own "no entropy term"
     add("actor.adam.lr", cfg.lr)
     add("actor.adam.weight_decay", cfg.weight_decay)
     add("actor.lr_scheduler", cfg.lr_scheduler)

@@ -1,4 +1,6 @@
-"""The exact fast path: answers that are plain numbers, compared in-process without sympy.
+"""Numbers written in answers, read exactly: the one normaliser that datasets and the ``math`` reward share.
+
+The reward's exact fast path: answers that are plain numbers, compared in-process without sympy.
 
 Most RL math data (AIME, DAPO-Math, GSM8K) has integer or simple rational answers. Comparing them through
 math-verify costs milliseconds of sympy and a process hop; comparing two :class:`~fractions.Fraction` values costs
@@ -39,7 +41,13 @@ _PERCENT = re.compile(r"\\?%$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?=(?!=)")
 
 _INT = re.compile(r"[+-]?\d+")
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")  # standard grouping only: 1,000 and 7,425,000
+# One comma that cannot be a thousands separator or a list is a decimal comma, as math-verify reads it: after a 0
+# ("0,111"), after four digits or more ("1000,99"), or before exactly two ("1,22", "2,74"). "1,2" stays ambiguous
+# (a list, or 1.2) and is left to math-verify, which reads it as a list.
+_DECIMAL_COMMA = re.compile(r"[+-]?(?:0,\d+|\d{4,},\d+|\d{1,3},\d\d)")
+_LIST_COMMA = re.compile(r",\s")
+_LIST_COMMA_SPACED = re.compile(r",\s+")
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
 _SLASH = re.compile(r"([+-]?\d+)/([+-]?\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
@@ -87,6 +95,10 @@ def clean(text: str) -> str:
             break
     if _SPACE_THOUSANDS.fullmatch(s):  # "1\\,000" or "1 000": a thin-space thousands separator
         return s.replace(" ", "")
+    if _LIST_COMMA.search(s):
+        # "32, 349", "5, 125", "0, 346": a comma followed by a space separates the items of a list; it is never a
+        # thousands separator. Left as is, so no number pattern matches and math-verify reads the list.
+        return s
     # Whitespace between two digits stays, so "2 3" is never read as 23; all other whitespace goes.
     return _LOOSE_SPACE.sub("", s)
 
@@ -96,6 +108,73 @@ def _strip_unit_words(s: str) -> str:
     if words and not any(w.lower() in _VALUE_WORDS for w in words.group(1).split()):
         return s[: words.start()]
     return s
+
+
+def same_answer(pred: str, gold: str) -> bool:
+    """Whether the two answers are the same text once decorations that never change a value are removed (``$``,
+    spacing commands, ``\\left``/``\\right``, ``\\dfrac``): such a pair is right whatever it says, with no parsing.
+    Only ever says yes; ``False`` means "not decided here"."""
+    if len(pred) > _MAX_CHARS or len(gold) > _MAX_CHARS:
+        return False
+    a = _canonical(pred)
+    return bool(a) and a == _canonical(gold)
+
+
+def _canonical(text: str) -> str:
+    # Spacing goes, except that a comma followed by a space (a list: "430, 760") stays apart from one that is not
+    # (a thousands separator: "430,760").
+    return _LOOSE_SPACE.sub("", _LIST_COMMA_SPACED.sub("\0", clean(text)))
+
+
+_SET_BRACES = re.compile(r"\\\{(.*)\\\}", re.DOTALL)
+
+
+def parse_number_set(text: str) -> frozenset[Fraction] | None:
+    """A list of two or more distinct exact numbers, bare (``"5, 125"``) or in set braces (``"\\{1, 2, 3\\}"``),
+    as the set math-verify reads it; ``None`` for anything else (a single number, a tuple or interval in
+    brackets, a decimal that may be rounded, a repeated item)."""
+    if len(text) > _MAX_CHARS or "," not in text or parse_number(text) is not None:
+        return None  # "1,000" and "1,22" are one number each
+    s = _DOLLAR.sub("", text).strip().rstrip(".").strip()
+    braces = _SET_BRACES.fullmatch(s)
+    if braces:
+        s = braces.group(1)
+    items = s.split(",")
+    if len(items) < 2:
+        return None
+    values: set[Fraction] = set()
+    for item in items:
+        number = parse_number(item)
+        if number is None or number.inexact or number.percent or not _INT.fullmatch(clean(item)):
+            return None
+        values.add(number.value)
+    return frozenset(values) if len(values) == len(items) else None
+
+
+def compare_number_sets(pred: str, gold: str) -> bool | None:
+    """``True``/``False`` when both answers are sets of distinct integers (:func:`parse_number_set`), or one is
+    such a set and the other a single integer (a set of two or more is never one number); ``None`` otherwise."""
+    pred_set, gold_set = parse_number_set(pred), parse_number_set(gold)
+    if pred_set is not None and gold_set is not None:
+        return pred_set == gold_set
+    if (pred_set is None) == (gold_set is None):
+        return None
+    single = parse_number(gold if pred_set is not None else pred)
+    if single is None or single.inexact or single.percent:
+        return None
+    return False
+
+
+def plain_commas(text: str) -> str | None:
+    """A number written with commas, rewritten without them as math-verify's LaTeX reader needs (it would read
+    "1,000" as the pair (1, 0)): thousands separators in the standard grouping go ("7,425,000" -> "7425000"), a
+    decimal comma becomes a point ("1,22" -> "1.22"). ``None`` for anything else, lists included."""
+    s = text.strip()
+    if _THOUSANDS.fullmatch(s):
+        return s.replace(",", "")
+    if _DECIMAL_COMMA.fullmatch(s):
+        return s.replace(",", ".")
+    return None
 
 
 def parse_number(text: str) -> Number | None:
@@ -117,6 +196,8 @@ def parse_number(text: str) -> Number | None:
         return Number(Fraction(plain), inexact="." in plain, percent=percent)
     if _DECIMAL.fullmatch(s):
         return Number(Fraction(s), inexact=True, percent=percent)
+    if _DECIMAL_COMMA.fullmatch(s) and not _THOUSANDS.fullmatch(s):
+        return Number(Fraction(s.replace(",", ".")), inexact=True, percent=percent)
     match = _SLASH.fullmatch(s)
     if match:
         return _fraction("", match.group(1), match.group(2), percent)

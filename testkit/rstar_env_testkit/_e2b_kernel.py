@@ -1,6 +1,6 @@
 """A minimal Jupyter-like Python kernel: one per context of the code-interpreter test server.
 
-Started by :mod:`rstar_env.sandbox.e2b_server` as ``python -I <this file>`` (by path, so it imports nothing of
+Started by :mod:`rstar_env_testkit.e2b_server` as ``python -I <this file>`` (by path, so it imports nothing of
 the package) with two inherited pipes: requests arrive on fd 3 as JSON lines ``{"id", "code", "env"}``; events
 leave on fd 4 as JSON lines tagged with the request's ``id``:
 

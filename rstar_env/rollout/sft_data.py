@@ -1,4 +1,4 @@
-"""Synthetic tool-use SFT data, made by driving the env itself (re-exported by :mod:`rstar_env.data`).
+"""Synthetic tool-use SFT data, made by driving the env itself (so it sits above the env, beside rollouts).
 
 Each example is one episode of :class:`~rstar_env.env.MathToolEnv` on a generated problem, played by a scripted
 "teacher": short reasoning, a ``python`` tool call, the tool response (the sandbox really runs the code; its output
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,7 @@ def generate_tool_sft(
     no_tool: float = 0.1,
     config: Any = None,
     concurrency: int = 8,
+    on_done: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``n`` SFT conversations, each an episode of the env driven with a scripted teacher (see the module doc).
 
@@ -77,14 +78,15 @@ def generate_tool_sft(
     ``config``: the run config (its env system prompt, tools and chat format are used, so the data matches the RL
     stage's prompts); default: the default config. Deterministic in ``seed`` (the sandbox's output of
     deterministic code is too). Raises :class:`DataError` if the sandbox output or the reward disagrees with the
-    problem's answer (the data would teach wrong answers).
+    problem's answer (the data would teach wrong answers). ``on_done(done, n)`` is called as each example is made
+    (progress).
     """
     if kind != "arithmetic":
         raise DataError(f"tool SFT data is generated from arithmetic problems (their expression is the code); "
                         f"got kind={kind!r}")
     if not (0 <= fix <= 1 and 0 <= no_tool <= 1 and fix + no_tool <= 1):
         raise DataError(f"shares must lie in [0, 1] and fix + no_tool <= 1; got fix={fix}, no_tool={no_tool}")
-    from rstar_env import _aio
+    from rstar_env import aio
 
     problems = generate_problems(n, kind="arithmetic", level=level, seed=seed)
     rng = random.Random(f"toolsft|{seed}")
@@ -94,10 +96,13 @@ def generate_tool_sft(
         # A direct answer only where a small model can do it in its head: one operation on small numbers.
         style = "fix" if draw < fix else "no_tool" if draw < fix + no_tool and abs(int(p.answer)) < 100 else "tool"
         plans.append((p, style, rng.choice(_ERRORS), rng.randrange(1 << 30)))
-    return _aio.run_sync(_drive_all(plans, config, max(1, concurrency)))
+    if on_done is not None:
+        on_done(0, len(plans))
+    return aio.run_sync(_drive_all(plans, config, max(1, concurrency), on_done))
 
 
-async def _drive_all(plans: list[tuple[Any, str, str, int]], config: Any, concurrency: int) -> list[dict[str, Any]]:
+async def _drive_all(plans: list[tuple[Any, str, str, int]], config: Any, concurrency: int,
+                     on_done: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
     from rstar_env.env import MathToolEnv
 
     first = MathToolEnv(config=config, max_turns=4, max_length=None)
@@ -107,10 +112,15 @@ async def _drive_all(plans: list[tuple[Any, str, str, int]], config: Any, concur
         for _ in range(min(concurrency, len(plans)) - 1)
     ]
     out: list[dict[str, Any] | None] = [None] * len(plans)
+    done = 0
 
     async def worker(k: int) -> None:
+        nonlocal done
         for i in range(k, len(plans), len(envs)):
             out[i] = await _drive_one(envs[k], *plans[i])
+            done += 1
+            if on_done is not None:
+                on_done(done, len(plans))
 
     try:
         await asyncio.gather(*(worker(k) for k in range(len(envs))))

@@ -14,7 +14,7 @@ It speaks what ``e2b-code-interpreter`` sends (read from the SDK and from the se
 * ``GET /health`` (envd's liveness route, which the SDK's ``is_running`` calls): 204, or 502 once the
   sandbox was killed, which is what the E2B proxy answers for a sandbox that is gone.
 
-Each context is a small Python kernel process (:mod:`rstar_env.sandbox._e2b_kernel`) in its own session, killed
+Each context is a small Python kernel process (:mod:`rstar_env_testkit._e2b_kernel`) in its own session, killed
 with its process group. It emulates the protocol, it is not a security boundary: run only trusted code on it, or
 run it inside a container.
 
@@ -29,7 +29,7 @@ answer 502).
 Run it for the SDK's debug mode (``E2B_DEBUG=true`` sends sandbox traffic to ``localhost:49999`` and envd's to
 ``localhost:49983``)::
 
-    python -m rstar_env.sandbox.e2b_server --port 49999 --envd-port 49983
+    python -m rstar_env_testkit.e2b_server --port 49999 --envd-port 49983
 """
 
 from __future__ import annotations

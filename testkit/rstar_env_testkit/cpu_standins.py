@@ -12,10 +12,10 @@ Replaced (the complete list):
 * ``vllm`` (not installable without CUDA): a stand-in package with the subset of vLLM's API that OpenRLHF's engine
   actor (``openrlhf.trainer.ray.vllm_engine.RolloutRayActor``), samples generator and weight sync use:
 
-  - ``vllm.__version__``, ``vllm.SamplingParams`` (:class:`~rstar_trainers.openrlhf.testing.StubSamplingParams`),
+  - ``vllm.__version__``, ``vllm.SamplingParams`` (:class:`~rstar_env_testkit.openrlhf_stubs.StubSamplingParams`),
     ``vllm.inputs.TokensPrompt``, ``vllm.utils.random_uuid``;
   - ``vllm.AsyncEngineArgs`` and ``vllm.AsyncLLMEngine.from_engine_args``: :class:`CPUAsyncLLMEngine`, generating
-    with our transformers policy (:class:`~rstar_trainers.openrlhf.testing.CPUEngine`) on the model directory
+    with our transformers policy (:class:`~rstar_env_testkit.openrlhf_stubs.CPUEngine`) on the model directory
     OpenRLHF names. Its ``generate``, ``collective_rpc``, ``reset_prefix_cache``, ``sleep``, ``wake_up``,
     ``is_sleeping``, ``pause_generation``, ``resume_generation`` and ``output_processor
     .get_num_unfinished_requests`` are vLLM's methods that ``RolloutRayActor`` calls. ``collective_rpc`` runs the
@@ -221,7 +221,7 @@ class CPUAsyncLLMEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from rstar_trainers.openrlhf.testing import CPUEngine
+        from rstar_env_testkit.openrlhf_stubs import CPUEngine
 
         path = engine_args.model
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -329,7 +329,7 @@ def _not_on_cpu(name: str) -> Any:
 
 def stand_in_modules() -> dict[str, ModuleType]:
     """``{name: module}`` for the ``vllm`` and ``flash_attn`` stand-ins listed in the module docstring."""
-    from rstar_trainers.openrlhf.testing import StubSamplingParams
+    from rstar_env_testkit.openrlhf_stubs import StubSamplingParams
 
     modules = {
         "vllm": _module("vllm", __version__=VLLM_VERSION, SamplingParams=StubSamplingParams,
@@ -434,8 +434,14 @@ def install() -> None:
 
 
 SITECUSTOMIZE = """\
-# Written by rstar_trainers.openrlhf.cpu_standins.write_site_dir: CPU stand-ins for OpenRLHF's GPU-only parts.
-from rstar_trainers.openrlhf.cpu_standins import install
+# Written by rstar_env_testkit.cpu_standins.write_site_dir: CPU stand-ins for OpenRLHF's GPU-only parts.
+import sys
+
+# The testkit's folder, so that Ray workers find it even where it is not installed (a checkout's tests/ fallback).
+if {root!r} not in sys.path:
+    sys.path.append({root!r})
+
+from rstar_env_testkit.cpu_standins import install
 
 install()
 """
@@ -445,5 +451,6 @@ def write_site_dir(folder: str | Path) -> Path:
     """Write ``{folder}/sitecustomize.py`` calling :func:`install`; put ``folder`` on ``PYTHONPATH``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
+    root = str(Path(__file__).resolve().parent.parent)
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.format(root=root), encoding="utf-8")
     return folder

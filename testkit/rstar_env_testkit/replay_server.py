@@ -4,7 +4,7 @@ It serves ``POST /v1/chat/completions`` (and ``GET /v1/models``) on 127.0.0.1 fr
 every request it got, counts how many were in flight at once, and can inject faults (429 with ``Retry-After``,
 5xx, a dropped connection, a slow answer). Only the standard library: it runs wherever the tests run.
 
-    from rstar_env.rollout.replay_server import ReplayServer, fault, reply
+    from rstar_env_testkit.replay_server import ReplayServer, fault, reply
 
     with ReplayServer([fault(429, retry_after=0.01), reply("The answer is \\\\boxed{4}.")]) as server:
         policy = OpenAIPolicy(server.base_url, model="test")
@@ -33,7 +33,7 @@ list is served in order, and ``match`` keeps concurrent episodes apart. When no 
 (a function of the request body returning an entry, if given) answers, else the ``default`` entry (if given);
 otherwise the request gets a 500 error that says so.
 
-Run it by hand with ``python -m rstar_env.rollout.replay_server responses.jsonl --port 8000``.
+Run it by hand with ``python -m rstar_env_testkit.replay_server responses.jsonl --port 8000``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,164 @@
+"""The syscall filter every ``local`` worker installs before it takes user code (seccomp-bpf, through libseccomp).
+
+Everything is allowed except the calls below, which fail with ``EPERM`` (Python raises ``OSError``; ``ctypes``
+sees -1), so ordinary code gets an error it can handle, never a crash. They are the ones container runtimes
+refuse by default (Docker's profile), because they are the usual first step of a kernel exploit or a way out of
+the worker's namespaces, or a channel to other episodes:
+
+* namespaces: ``unshare`` and ``clone`` with any namespace flag, ``clone`` with ``CLONE_PARENT`` (the child
+  would belong to the zygote, not the worker), ``setns``; ``clone3`` fails with ``ENOSYS`` instead, so the C
+  library falls back to ``clone``, whose flags the filter can read;
+* mounts: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new mount API (``fsopen``, ``fsmount``,
+  ``move_mount``, ``open_tree``, ``fspick``, ``fsconfig``, ``mount_setattr``);
+* kernel keyrings: ``keyctl``, ``add_key``, ``request_key`` (a keyring outlives the worker and is shared by uid);
+* ``io_uring_setup``, ``io_uring_enter``, ``io_uring_register``;
+* other processes' memory: ``ptrace``, ``process_vm_readv``, ``process_vm_writev``, ``pidfd_getfd``, ``kcmp``;
+* ``bpf``, ``perf_event_open``, ``userfaultfd``;
+* the kernel and the machine: ``kexec_load``, ``kexec_file_load``, ``init_module``, ``finit_module``,
+  ``delete_module``, ``reboot``, ``swapon``, ``swapoff``, ``acct``, ``quotactl``, ``syslog``, ``iopl``,
+  ``ioperm``, ``open_by_handle_at``, ``lookup_dcookie``, ``uselib``, ``personality`` (it can turn off address
+  space randomisation).
+
+System calls of another architecture (32-bit calls from a 64-bit process) kill the process: the filter could
+not read their numbers.
+
+``pyseccomp`` (a ctypes binding of libseccomp) is imported lazily; without it or without ``libseccomp.so.2``,
+:func:`build` raises and the pool names the missing filter in its warning. Loaded by the zygote without
+``rstar_env`` (see :mod:`._spawn`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+CLONE_NEWTIME = 0x00000080  # unshare only: in clone's flags these bits are the exit signal
+CLONE_PARENT = 0x00008000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+NAMESPACE_FLAGS = (
+    CLONE_NEWNS,
+    CLONE_NEWCGROUP,
+    CLONE_NEWUTS,
+    CLONE_NEWIPC,
+    CLONE_NEWUSER,
+    CLONE_NEWPID,
+    CLONE_NEWNET,
+)
+
+REFUSED = (
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "kcmp",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "syslog",
+    "iopl",
+    "ioperm",
+    "open_by_handle_at",
+    "lookup_dcookie",
+    "uselib",
+    "personality",
+)
+"""Refused outright with ``EPERM`` (names this architecture lacks are skipped)."""
+
+
+def build() -> CompiledFilter:
+    """The filter, built once in the zygote (each worker loads it with ``.load()``). Raises ImportError or OSError
+    (pyseccomp or libseccomp missing) or RuntimeError with the cause."""
+    import pyseccomp as seccomp  # libseccomp is found when the module is imported
+
+    refuse = seccomp.ERRNO(errno.EPERM)
+    rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    for name in REFUSED:
+        try:
+            rules.add_rule(refuse, name)
+        except (ValueError, OSError, RuntimeError):
+            continue  # no such call on this architecture (iopl on arm64): nothing to refuse
+    for flag in (*NAMESPACE_FLAGS, CLONE_PARENT):
+        rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    for flag in (*NAMESPACE_FLAGS, CLONE_NEWTIME):
+        rules.add_rule(refuse, "unshare", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    # clone3 passes its flags in memory the filter cannot read: ENOSYS makes the C library fall back to clone.
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    # Compiled once here; each worker loads the program with one prctl (libseccomp would recompile it per load).
+    fd = os.memfd_create("seccomp-bpf", os.MFD_CLOEXEC)
+    with os.fdopen(fd, "w+b") as exported:
+        rules.export_bpf(exported)
+        exported.seek(0)
+        return CompiledFilter(exported.read())
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+_BPF_INSTRUCTION_BYTES = 8
+
+
+class CompiledFilter:
+    """A BPF program ready to load; built in the zygote, loaded (inherited memory) in each forked worker."""
+
+    def __init__(self, program: bytes) -> None:
+        if not program or len(program) % _BPF_INSTRUCTION_BYTES:
+            raise RuntimeError(f"libseccomp exported a malformed program ({len(program)} bytes)")
+        self._buffer = ctypes.create_string_buffer(program, len(program))
+        self._prog = _SockFprog(len(program) // _BPF_INSTRUCTION_BYTES, ctypes.addressof(self._buffer))
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def load(self) -> None:
+        """Install the filter on the calling thread (and what it starts). Raises OSError if the kernel refuses."""
+        args = (ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+        if self._libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), *args) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if self._libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog), 0, 0):
+            errno_ = ctypes.get_errno()
+            raise OSError(errno_, f"prctl(PR_SET_SECCOMP): {os.strerror(errno_)}")
+
+
+def describe_missing(exc: BaseException) -> str:
+    """The warning's words for a filter that cannot be had, with the fix."""
+    return (
+        f"no syscall filter ({type(exc).__name__}: {exc}): sandboxed code may create user namespaces, use io_uring, "
+        "kernel keyrings and ptrace; install the `pyseccomp` package and the system's libseccomp (`libseccomp2`)"
+    )

@@ -1,0 +1,156 @@
+"""The product's import graph, read statically (``ast``): no circle among rstar_env's modules, nothing of the
+plugins, the trainers or the testkit imported by rstar_env, and the low layers import nothing above them.
+
+Every import counts, lazy ones inside functions included: a lazy import hides a circle from ``import`` but not from
+the reader who has to understand which module stands on which.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import rstar_env
+
+ROOT = Path(rstar_env.__file__).resolve().parent
+FORBIDDEN = ("rstar_plugins", "rstar_trainers", "rstar_env_testkit")
+"""Top-level packages rstar_env must never import: plugins and trainers stand above it; the testkit is test code."""
+TESTKIT_USERS = ("rstar_env.bench",)
+"""Benchmarks that play a scripted endpoint import the testkit's replay server (lazily, with a clear error)."""
+TRAINER_USERS = ("rstar_env.cli",)
+"""The ``rstar-env`` command is the application's front door: its ``train``, ``compare`` and ``plot`` subcommands
+run the local trainer (imported there, lazily). No library module of rstar_env may."""
+LOW_LAYERS = {
+    # module (or package) -> what it may import from rstar_env; anything else of rstar_env is above it.
+    "rstar_env.data": ("rstar_env.data",),
+    "rstar_env.outcomes": ("rstar_env.outcomes",),
+    "rstar_env.trajectory": ("rstar_env.trajectory", "rstar_env.format", "rstar_env.outcomes"),
+    "rstar_env.format": ("rstar_env.format",),
+    "rstar_env.sandbox": ("rstar_env.sandbox", "rstar_env.outcomes"),
+    "rstar_env.aio": ("rstar_env.aio",),
+    "rstar_env._aio": ("rstar_env._aio", "rstar_env.aio"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> Iterator[tuple[str, int]]:
+    """(imported module, line) for every import in the file; ``from a import b`` names ``a.b`` when it is a module."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                yield (sub if sub in known else target), node.lineno
+
+
+def graph() -> dict[str, dict[str, int]]:
+    files = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    known = set(files)
+    edges: dict[str, dict[str, int]] = {}
+    for name, path in files.items():
+        edges[name] = {}
+        for target, line in imports_of(path, name, known):
+            edges[name].setdefault(target, line)
+    return edges
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (or a module importing itself), Tarjan's way."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in edges:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges[v]:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_the_graph_is_read() -> None:
+    edges = graph()
+    # The reader sees what it should: relative, absolute and lazy imports.
+    assert "rstar_env.data.records" in edges["rstar_env.data.load"]
+    assert "rstar_env.env" in edges["rstar_env.vector"]
+    assert "rstar_env.data" in edges["rstar_env.env"]  # imported inside a method
+
+
+def test_no_import_circle() -> None:
+    found = cycles(graph())
+    assert not found, "import circles among rstar_env's modules: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_cycle_finder_finds_a_circle() -> None:
+    assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_rstar_env_imports_no_plugin_trainer_or_testkit() -> None:
+    bad = [
+        f"{name} imports {target} (line {line})"
+        for name, targets in graph().items()
+        for target, line in targets.items()
+        if any(within(target, top) for top in FORBIDDEN)
+        and not (within(target, "rstar_env_testkit") and any(within(name, user) for user in TESTKIT_USERS))
+        and not (within(target, "rstar_trainers") and name in TRAINER_USERS)
+    ]
+    assert not bad, "rstar_env must not depend on what stands above it: " + "; ".join(bad)
+
+
+def test_low_layers_import_nothing_above_them() -> None:
+    bad = []
+    for name, targets in graph().items():
+        for layer, allowed in LOW_LAYERS.items():
+            if not within(name, layer):
+                continue
+            for target, line in targets.items():
+                above = within(target, "rstar_env") and target != "rstar_env"
+                if above and not any(within(target, a) for a in allowed):
+                    bad.append(f"{name} imports {target} (line {line})")
+    assert not bad, "a low layer imports one above it: " + "; ".join(bad)

@@ -1,0 +1,122 @@
+"""What a training run shows: progress lines in logs (not a terminal), the per-step tables, the end summary."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from rich.console import Console
+
+from rstar_trainers.local.progress import (
+    RL_COLUMNS,
+    RL_LEGEND,
+    SFT_COLUMNS,
+    RunProgress,
+    held_out_line,
+    summary_lines,
+    table_header,
+    table_row,
+)
+
+
+def log_console() -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, force_terminal=False, width=100), buffer
+
+
+def test_plain_progress_is_throttled_and_ends_each_phase():
+    console, buffer = log_console()
+    with RunProgress(console, every_s=3600) as progress:
+        assert progress.plain
+        for done in range(0, 25):
+            progress.update("rollout", done, 24, "step 1: rollouts")
+        progress.print("a table row")
+    lines = buffer.getvalue().splitlines()
+    # the start, the end and nothing in between (every_s not reached); the row as printed
+    assert lines == ["step 1: rollouts: 0/24 (0 s)", "step 1: rollouts: 24/24 (0 s)", "a table row"]
+
+
+def test_plain_progress_heartbeat_when_a_phase_is_silent():
+    console, buffer = log_console()
+    with RunProgress(console, heartbeat_s=0.2) as progress:
+        progress.update("update", 0, 1, "step 3: updating the weights")
+        time.sleep(5.5)  # the heartbeat thread wakes at most every 5 s
+    beats = [line for line in buffer.getvalue().splitlines() if "still working" in line]
+    assert beats and beats[0].startswith("step 3: updating the weights: 0/1 (")
+
+
+def test_terminal_progress_prints_rows_above_the_bars():
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=100)
+    with RunProgress(console) as progress:
+        assert not progress.plain
+        progress.update("rollout", 3, 8, "step 1: rollouts")
+        progress.print("row one")
+    assert "row one" in buffer.getvalue()
+
+
+def test_tables_fit_100_columns_with_honest_headers():
+    metrics = {"step": 12, "reward": 0.4375, "accuracy": 0.4375, "tool_calls_per_trajectory": 1.25,
+               "tool_error_ratio": 0.1234, "tool_error_ratio_correct": float("nan"), "groups_kept": 3.0,
+               "response_tokens": 187.5, "loss": -0.0123456, "grad_norm": 1.234, "time/step_s": 83.2}
+    for columns in (RL_COLUMNS, SFT_COLUMNS):
+        header = table_header(columns)
+        row = table_row(columns, metrics | {"lr": 2e-4, "train/trained_tokens": 5120.0})
+        assert max(len(line) for line in [*header, row]) <= 100
+        assert len(header[0]) >= len(row.rstrip()) - 1
+    header = table_header(RL_COLUMNS)
+    assert "accuracy" not in " ".join(header)  # it equals the reward under a 0/1 reward
+    assert "call, correct" in header[1] and "correct" in RL_LEGEND
+    assert table_row(RL_COLUMNS, metrics).split()[4] == "-"  # no correct trajectory: no ratio, not 0
+
+
+def test_summary_says_where_things_are_and_before_after():
+    lines = summary_lines(model="runs/q/model", run_dir="runs/q", eval_before={"pass@1": 0.25, "tool_call_share": 0.5},
+                          eval_after={"pass@1": 0.5, "tool_call_share": 0.75}, eval_path="runs/q/eval.json",
+                          seconds=780, peak_gib=3.5, steps=8, sft_model="runs/q/sft/model")
+    text = "\n".join(lines)
+    assert "runs/q/model" in text and "runs/q/sft/model" in text and "runs/q/eval.json" in text
+    assert "  pass@1                       0.250   0.500" in text
+    assert "total time 13.0 min" in text and "peak memory 3.50 GiB" in text
+    assert max(len(line) for line in lines) <= 100
+    worst = {"pass@1": 0.123456, "tool_call_share": 0.87654, "answer_format_share": 0.7777,
+             "tool_calls_per_trajectory": 12.345, "tool_error_ratio": 0.14286, "episodes": 32.0}
+    assert len(held_out_line("held-out before RL", worst)) <= 100
+
+
+@pytest.mark.slow
+def test_train_shows_progress_the_table_and_the_summary(tmp_path):
+    """`rstar-env train` with the real model (1 RL step, held-out before and after), its output as a log shows it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from rstar_env.cli import main
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"problem": f"What is {n} + {n}?", "answer": str(2 * n), "id": f"p{n}"}) + "\n"
+                            for n in range(1, 5)))
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({
+        "env": {"max_turns": 1}, "tools": [], "reward": {"name": "math", "options": {"last_number": True}},
+        "dataset": str(rows),
+        "trainer": {"output_dir": str(tmp_path / "run"), "steps": 1, "prompts_per_step": 1, "group_size": 2,
+                    "oversample": 1, "max_new_tokens": 6, "max_response_tokens": 12, "tensorboard": False,
+                    "eval_dataset": str(rows), "eval_at_start": True, "keep_checkpoints": "none"},
+    }))
+    result = CliRunner().invoke(main, ["train", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "held-out episodes: 4/4" in out and "step 1: rollouts: 2/2" in out and "step 1: updating the weights" in out
+    lines = out.splitlines()
+    # A path is as long as it is; a third-party library's log line (deepspeed's accelerator notice) is not ours.
+    wide = [line for line in lines if len(line) > 100 and str(tmp_path) not in line and not line.startswith("[")]
+    assert not wide, wide
+    header = table_header(RL_COLUMNS)
+    row = lines[lines.index(RL_LEGEND) + 1:]
+    assert header[0] in lines and any(line.split()[:1] == ["1"] for line in row)
+    assert f"model:            {tmp_path / 'run' / 'model'}" in out
+    assert f"held-out report:  {tmp_path / 'run' / 'eval.json'}" in out
+    assert "before" in out and "after" in out and "peak memory" in out and "total time" in out
+    assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))  # keep_checkpoints: none
