@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "openrlhf_cpu_e2e.yaml"
 G = 2
-JOB_TIMEOUT_S = 1200  # one launch took 75 s alone on 2 cores before, and 570 s in the last full run (see the note)
+JOB_TIMEOUT_S = 1200  # a launch took 75 s alone on 2 cores, but up to 570 s in a full run: training steps vary widely
 
 CLUSTER = r"""
 import sys, ray
