@@ -164,17 +164,8 @@ def private_namespaces(tmp_mb: int, *, network: bool = True, tmp_binds: list[str
     if not network:
         _loopback_up()
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here propagates back to the pool
-    handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in tmp_binds}
-    try:
-        options = f"size={tmp_mb}m,mode=1777"
-        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, options)
-        for path, fd in handles.items():
-            os.makedirs(path, 0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-            _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-    finally:
-        for fd in handles.values():
-            os.close(fd)
+    options = f"size={tmp_mb}m,mode=1777"
+    _tmpfs_binding_back("/tmp", options, tmp_binds)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
     try:
@@ -226,14 +217,20 @@ def expose_interpreter(paths: list[str] | tuple[str, ...]) -> list[str]:
                 covers.setdefault(ancestor, []).append(path)
                 break
     for private, inside in covers.items():
-        handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in inside}
-        try:
-            _mount("tmpfs", private, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-            for path, fd in handles.items():
-                os.makedirs(path, 0o755, exist_ok=True)
-                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-                _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-        finally:
-            for fd in handles.values():
-                os.close(fd)
+        _tmpfs_binding_back(private, "mode=0755,size=1m", inside)
     return list(covers)
+
+
+def _tmpfs_binding_back(target: str, options: str, paths: list[str] | tuple[str, ...]) -> None:
+    """Mount a fresh tmpfs over ``target`` and bind ``paths`` (folders under it) back, read-only. The paths are
+    opened before the tmpfs hides them, and bound from those handles."""
+    handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in paths}
+    try:
+        _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        for path, fd in handles.items():
+            os.makedirs(path, 0o755, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+            _mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+    finally:
+        for fd in handles.values():
+            os.close(fd)
