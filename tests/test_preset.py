@@ -112,7 +112,7 @@ def call(code: str, stdin: str = "") -> str:
 
 
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
-GOLDEN_RESULTS = (ok("42\n"), ExecResult("", "AssertionError\n", "error", duration_s=0.03))
+GOLDEN_RESULTS = (ok("42\n"), ExecResult("", "AssertionError\n", "exception", duration_s=0.03))
 
 
 # -- the settings ---------------------------------------------------------------------------------------------------

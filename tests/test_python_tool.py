@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -79,8 +81,14 @@ def test_output_is_cut_with_head_and_tail(math_env):
 
 def test_envs_share_one_sandbox_per_setting():
     a, b = PythonTool(timeout_s=2), PythonTool(timeout_s=2)
-    assert a.sandbox is b.sandbox
-    assert PythonTool(timeout_s=2, sandbox_options={"memory_mb": 512}).sandbox is not a.sandbox
+    other = PythonTool(timeout_s=2, sandbox_options={"memory_mb": 512})
+    try:
+        assert a.sandbox is b.sandbox
+        assert other.sandbox is not a.sandbox
+    finally:
+        for tool in (a, b, other):  # a share left open would keep the pool for every later test of the process
+            asyncio.run(tool.aclose())
+    assert a._sandbox is None and b._sandbox is None
 
 
 def test_truncate_middle():

@@ -231,7 +231,6 @@ def tiny_run(tmp_path: Any, reward: str = "parity_test", **trainer: Any) -> Any:
 
 def test_paired_compare_reports_differences_with_an_interval(tmp_path, tiny, parity_reward):
     pytest.importorskip("matplotlib")
-    pytest.importorskip("scipy")
     import json
 
     from rstar_trainers.local.compare import run_compare
@@ -266,6 +265,15 @@ def test_t_interval_matches_the_textbook():
     assert mean == 2.0 and mean - low == pytest.approx(high - mean)
     assert high - mean == pytest.approx(4.302653 * 1.0 / 3**0.5, rel=1e-5)  # t(0.975, 2) * s / sqrt(n)
     assert t_interval([0.5])[1] != t_interval([0.5])[1]  # one seed: no interval (NaN)
+
+
+@pytest.mark.parametrize(("p", "df", "table"), [(0.975, 1, 12.706205), (0.975, 2, 4.302653), (0.975, 3, 3.182446),
+                                                (0.975, 4, 2.776445), (0.975, 9, 2.262157), (0.975, 30, 2.042272),
+                                                (0.05, 5, -2.015048), (0.5, 7, 0.0)])
+def test_t_quantile_matches_the_table(p, df, table):
+    from rstar_trainers.local.compare import t_quantile
+
+    assert t_quantile(p, df) == pytest.approx(table, rel=1e-6, abs=1e-9)
 
 
 def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, tiny):

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -129,12 +130,12 @@ def test_runaway_code_times_out(sandbox: LocalSandbox, code: str) -> None:
 
 def test_memory_bomb(sandbox: LocalSandbox) -> None:
     at_once = execute(sandbox, "x = bytearray(50 * 2**30)")
-    assert (at_once.status, at_once.error) == ("error", "MemoryError")
+    assert (at_once.status, at_once.message) == ("exception", "MemoryError")
     gradual = execute(sandbox, "chunks = []\nwhile True:\n    chunks.append(bytearray(200 * 2**20))")
     # MemoryError at the address-space limit, unless a slow (shared) machine is still faulting pages in.
-    assert gradual.status in ("error", "crashed", "timeout"), gradual
-    if gradual.status == "error":
-        assert gradual.error == "MemoryError"
+    assert gradual.status in ("exception", "crash", "timeout"), gradual
+    if gradual.status == "exception":
+        assert gradual.message == "MemoryError"
     assert_healthy(sandbox)
 
 
@@ -171,7 +172,7 @@ def test_nproc_limit_applies(sandbox: LocalSandbox) -> None:
 def test_daemons_do_not_outlive_the_call(sandbox: LocalSandbox, ending: str) -> None:
     tag = marker()
     result = execute(sandbox, DAEMON.format(marker=tag) + ending)
-    assert result.status == {"": "ok", "w": "timeout", "i": "crashed"}[ending[:1]], result
+    assert result.status == {"": "ok", "w": "timeout", "i": "crash"}[ending[:1]], result
     assert processes_with(tag) == []
     assert_healthy(sandbox)
 
@@ -217,10 +218,10 @@ for fd in range(3, 256):
     [
         (IGNORE_SIGNALS_AND_SPIN, "timeout"),
         ("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", "timeout"),
-        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "crashed"),
-        ("import ctypes\nctypes.string_at(0)", "crashed"),
-        ("import os\nos.killpg(0, 9)", "crashed"),
-        ("import os\nos._exit(3)", "crashed"),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "crash"),
+        ("import ctypes\nctypes.string_at(0)", "crash"),
+        ("import os\nos.killpg(0, 9)", "crash"),
+        ("import os\nos._exit(3)", "crash"),
         (CLOSE_EVERY_FD, "ok"),
     ],
     ids=["ignores-term", "stops-itself", "kills-itself", "segfault", "kills-its-group", "hard-exit", "closes-fds"],
@@ -240,13 +241,13 @@ def test_forged_result_on_the_channel_is_not_trusted(sandbox: LocalSandbox) -> N
         "raise RuntimeError('real outcome')"
     )
     result = execute(sandbox, code)
-    assert result.status in ("error", "crashed") and result.status != "ok", result
+    assert result.status in ("exception", "crash") and result.status != "ok", result
     assert_healthy(sandbox)
 
 
 def test_killing_the_parent_zygote_from_inside(sandbox: LocalSandbox) -> None:
     result = execute(sandbox, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')")
-    assert result.status in ("ok", "error", "crashed"), result  # refused (EPERM, PID 1) or the pool dies
+    assert result.status in ("ok", "exception", "crash"), result  # refused (EPERM, PID 1) or the pool dies
     assert_healthy(sandbox)
 
 
@@ -259,7 +260,7 @@ def test_pool_heals_after_the_zygote_is_killed(sandbox: LocalSandbox) -> None:
     while is_running(zygote) and time.monotonic() < deadline:
         time.sleep(0.01)  # the kill is asynchronous; its workers die with it
     lost = execute(sandbox, "print(state)", session="doomed")
-    assert lost.status == "crashed", lost
+    assert lost.status == "crash", lost
     assert_healthy(sandbox)
     fresh = execute(sandbox, "state = 2\nprint(state)", session="doomed")
     assert (fresh.status, fresh.stdout) == ("ok", "2\n")
@@ -277,8 +278,8 @@ def test_network_is_unreachable(sandbox: LocalSandbox) -> None:
         port = server.getsockname()[1]
         code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=0.5)\nprint('connected')"
         result = execute(sandbox, code)
-    assert result.status == "error" and "connected" not in result.stdout, result
-    assert result.error is not None and result.error.split(":")[0] in (
+    assert result.status == "exception" and "connected" not in result.stdout, result
+    assert result.message is not None and result.message.split(":")[0] in (
         "ConnectionRefusedError",
         "OSError",
         "TimeoutError",
@@ -292,9 +293,9 @@ def test_writes_outside_the_working_directory_fail(sandbox: LocalSandbox, tmp_pa
         pytest.skip("neither a read-only root (bubblewrap) nor a private uid: the code may write as the user")
     for target in [Path(__file__).parent / f"escape-{uuid.uuid4().hex}", tmp_path / "escape"]:
         result = execute(sandbox, f"open({str(target)!r}, 'w').write('owned')")
-        assert result.status == "error" and not target.exists(), (target, result)
+        assert result.status == "exception" and not target.exists(), (target, result)
         # Not there at all (outside the allowlist) or not writable.
-        assert result.error is not None and result.error.split(":")[0] in (
+        assert result.message is not None and result.message.split(":")[0] in (
             "PermissionError",
             "OSError",
             "FileNotFoundError",
@@ -483,7 +484,7 @@ def test_cpu_budget_covers_the_whole_process_tree() -> None:
     )
     try:
         result = run(box.execute(code))
-        assert result.status == "crashed" and "CPU time" in (result.error or ""), result
+        assert result.status == "crash" and "CPU time" in (result.message or ""), result
         assert result.duration_s < 20.0, result  # long before the 30 s wall-clock limit
     finally:
         box.close()
@@ -620,14 +621,14 @@ def test_a_thread_left_in_a_session_does_not_write_into_later_calls(sandbox: Loc
         "threading.Thread(target=spam, daemon=True).start()\nstate = 1\ntime.sleep(0.05)"
     )
     first = execute(sandbox, leak, session="threads")
-    assert first.status == "error" and "state" in (first.error or "") and "thread" in (first.error or ""), first
+    assert first.status == "exception" and "state" in (first.message or "") and "thread" in (first.message or ""), first
     assert "thread" in first.stderr  # the model is told what happened and what to do
     later = [execute(sandbox, f"print('call {i}')", session="threads") for i in range(3)]
     assert [r.stdout for r in later] == [f"call {i}\n" for i in range(3)], later
     assert all("LEAKED" not in r.stdout + r.stderr for r in later)
     spin = "import threading\nthreading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True).start()"
     spun = execute(sandbox, spin, session="threads")
-    assert spun.status == "error", spun
+    assert spun.status == "exception", spun
     # The spinning thread is gone with its interpreter: no process of the pool keeps a CPU busy between calls.
     assert pool_cpu_burned(sandbox, 0.5) < 0.25
     run(sandbox.close_session("threads"))
@@ -937,7 +938,7 @@ except OSError:
 print(written >> 20)
 """
     held = execute(sandbox, code, session="hoarder", timeout_s=8.0)
-    assert held.status == "crashed" or (held.ok and int(held.stdout) <= 1024), held
+    assert held.status == "crash" or (held.ok and int(held.stdout) <= 1024), held
     run(sandbox.close_session("hoarder"))
     assert_healthy(sandbox)
 
@@ -1140,5 +1141,59 @@ def test_the_fallbacks_say_what_they_lack_in_one_warning(tmp_path: Path, monkeyp
         assert "no cgroup per worker (this cgroup does not delegate" in mine[0] and "memfds" in mine[0]
         assert "no syscall filter" in mine[0] and "install the `pyseccomp` package" in mine[0]
         assert run(box.execute("print(6 * 7)")).stdout == "42\n"
+    finally:
+        box.close()
+
+
+def test_a_forked_copy_of_the_pool_closed_in_the_child_leaves_the_parents_pool_running() -> None:
+    """A fork (gymnasium's AsyncVectorEnv, multiprocessing) copies the process's sandboxes into the child, which
+    drops or closes them: that must not stop the parent's zygote, kill its workers or remove its cgroup."""
+    box = LocalSandbox(spares=1, preload=(), warmup=None)
+    try:
+        start_or_skip(box)
+        assert execute(box, "print(1)").stdout == "1\n"
+        zygote = box.pool._zygote
+        assert zygote is not None
+        pid = os.fork()
+        if pid == 0:  # the child: close the copy, as its finalizer does when the copy is dropped
+            status = 1
+            try:
+                signal.alarm(20)
+                box.close()
+                status = 0
+            finally:
+                os._exit(status)
+        assert os.waitpid(pid, 0)[1] == 0
+        started = time.monotonic()
+        after = execute(box, "print(2)")
+        assert (after.status, after.stdout) == ("ok", "2\n"), after
+        assert time.monotonic() - started < 5
+        assert box.pool._zygote is zygote and box.pool.restarts == 0
+        if zygote.cgroup is not None:
+            assert all(os.path.isdir(path) for path in zygote.cgroup.paths.values())
+    finally:
+        box.close()
+
+
+def test_a_pool_whose_cgroup_was_removed_starts_afresh() -> None:
+    """Someone removes the pool's cgroup (its workers die with it): no spare can start in it again, so the zygote
+    exits and the next call starts a fresh pool instead of waiting for a worker that never comes."""
+    skip_without_cgroups()
+    from rstar_env.sandbox import _cgroup
+
+    box = LocalSandbox(spares=1, preload=(), warmup=None, timeout_s=5)
+    try:
+        start_or_skip(box)
+        assert execute(box, "print(1)").ok
+        zygote = box.pool._zygote
+        assert zygote is not None and zygote.cgroup is not None
+        for path in zygote.cgroup.paths.values():
+            _cgroup._remove_tree(path)
+        started = time.monotonic()
+        results = [execute(box, f"print({i})") for i in range(3)]
+        assert time.monotonic() - started < 15, results
+        # A call that met the old zygote may fail (as a crash, saying so); the last ones run on the new pool.
+        assert [r.stdout for r in results[1:]] == ["1\n", "2\n"], results
+        assert box.pool.restarts == 1 and box.pool._zygote is not zygote
     finally:
         box.close()

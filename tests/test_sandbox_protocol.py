@@ -81,7 +81,7 @@ def execute(box: Sandbox, code: str, **kwargs: Any) -> ExecResult:
 
 def test_ok_and_print(sandbox: Sandbox) -> None:
     result = execute(sandbox, "print(1 + 1)")
-    assert (result.status, result.stdout, result.stderr, result.error) == ("ok", "2\n", "", None)
+    assert (result.status, result.stdout, result.stderr, result.message) == ("ok", "2\n", "", None)
     assert result.ok and result.duration_s > 0
 
 
@@ -110,8 +110,8 @@ def test_echo_of_last_expression(sandbox: Sandbox, code: str, stdout: str) -> No
 
 def test_exception_is_an_error_with_summary_and_clean_traceback(sandbox: Sandbox) -> None:
     result = execute(sandbox, "def f():\n    return 1 / 0\n\nf()")
-    assert result.status == "error"
-    assert result.error == "ZeroDivisionError: division by zero"
+    assert result.status == "exception"
+    assert result.message == "ZeroDivisionError: division by zero"
     assert result.stderr.startswith("Traceback (most recent call last):")
     assert 'File "<cell>", line 4, in <module>' in result.stderr
     assert "return 1 / 0" in result.stderr  # source lines of the cell are shown
@@ -121,13 +121,13 @@ def test_exception_is_an_error_with_summary_and_clean_traceback(sandbox: Sandbox
 
 def test_output_before_an_exception_is_kept(sandbox: Sandbox) -> None:
     result = execute(sandbox, "print('partial')\nraise ValueError('bad\\nsecond line')")
-    assert (result.status, result.stdout, result.error) == ("error", "partial\n", "ValueError: bad")
+    assert (result.status, result.stdout, result.message) == ("exception", "partial\n", "ValueError: bad")
 
 
 def test_syntax_error(sandbox: Sandbox) -> None:
     result = execute(sandbox, "def f(:\n    pass")
-    assert result.status == "error"
-    assert result.error is not None and result.error.startswith("SyntaxError")
+    assert result.status == "exception"
+    assert result.message is not None and result.message.startswith("SyntaxError")
     assert "SyntaxError" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -136,15 +136,15 @@ def test_syntax_error(sandbox: Sandbox) -> None:
     [
         ("import sys\nsys.exit()", "ok"),
         ("import sys\nsys.exit(0)", "ok"),
-        ("import sys\nsys.exit(3)", "error"),
-        ("raise SystemExit('goodbye')", "error"),
+        ("import sys\nsys.exit(3)", "exception"),
+        ("raise SystemExit('goodbye')", "exception"),
     ],
 )
 def test_sys_exit(sandbox: Sandbox, code: str, status: str) -> None:
     result = execute(sandbox, code)
     assert result.status == status
-    if status == "error":
-        assert result.error is not None and result.error.startswith("SystemExit")
+    if status == "exception":
+        assert result.message is not None and result.message.startswith("SystemExit")
 
 
 def test_stdin(sandbox: Sandbox) -> None:
@@ -176,7 +176,7 @@ def test_unicode_round_trip(sandbox: Sandbox) -> None:
 def test_timeout(sandbox: Sandbox, code: str) -> None:
     result = execute(sandbox, code, timeout_s=0.5)
     assert result.status == "timeout"
-    assert result.error == "timed out after 0.5 s"
+    assert result.message == "timed out after 0.5 s"
     assert 0.5 <= result.duration_s < 0.5 + SLACK_S
     assert execute(sandbox, "print('next')").stdout == "next\n"
 
@@ -192,7 +192,7 @@ def test_output_limit(backend: str) -> None:
     try:
         flood = execute(box, "while True:\n    print('x' * 1000)")
         assert flood.status == "output_limit"
-        assert flood.error is not None and "10000" in flood.error
+        assert flood.message is not None and "10000" in flood.message
         assert 0 < len(flood.stdout) <= 10_000 and set(flood.stdout) <= {"x", "\n"}
         assert flood.duration_s < TIMEOUT_S  # stopped as soon as the limit was crossed
         finished = execute(box, "print('y' * 20_000)")
@@ -208,7 +208,7 @@ def test_output_limit(backend: str) -> None:
 def test_stateless_calls_do_not_share_globals(sandbox: Sandbox) -> None:
     assert execute(sandbox, "leak = 1").ok
     result = execute(sandbox, "leak")
-    assert (result.status, result.error) == ("error", "NameError: name 'leak' is not defined")
+    assert (result.status, result.message) == ("exception", "NameError: name 'leak' is not defined")
 
 
 def test_session_keeps_globals_until_closed(sandbox: Sandbox) -> None:
@@ -229,7 +229,7 @@ def test_session_keeps_globals_until_closed(sandbox: Sandbox) -> None:
     defined, used, other, stateless, reopened = run(scenario())
     assert defined.ok and (used.status, used.stdout) == ("ok", "42\n")
     for result in (other, stateless, reopened):
-        assert (result.status, result.error) == ("error", "NameError: name 'x' is not defined")
+        assert (result.status, result.message) == ("exception", "NameError: name 'x' is not defined")
 
 
 def test_session_survives_errors_and_runs_in_order(sandbox: Sandbox) -> None:
@@ -259,7 +259,7 @@ def test_session_after_a_timeout_starts_fresh(sandbox: Sandbox) -> None:
 
     first, killed, after, again = run(scenario())
     assert first.ok and killed.status == "timeout"
-    assert (after.status, after.error) == ("error", "NameError: name 'y' is not defined")
+    assert (after.status, after.message) == ("exception", "NameError: name 'y' is not defined")
     assert (again.status, again.stdout) == ("ok", "2\n")
 
 

@@ -122,12 +122,12 @@ def test_an_actor_killed_mid_load(make: Any) -> None:
 
     results, (fresh, after), lost, kept = run(scenario())
     statuses = sorted(r.status for r in results)
-    assert statuses == ["crashed"] * 4 + ["ok"] * 4  # 4 calls went to each actor
-    assert all("died" in (r.error or "") for r in results if r.status == "crashed")
+    assert statuses == ["crash"] * 4 + ["ok"] * 4  # 4 calls went to each actor
+    assert all("died" in (r.message or "") for r in results if r.status == "crash")
     assert all(r.stdout == "done\n" for r in results if r.ok)
-    assert lost.status == "crashed" and "state is lost" in (lost.error or "")
+    assert lost.status == "crash" and "state is lost" in (lost.message or "")
     assert kept.stdout == "'survivor'\n"
-    assert (fresh.status, fresh.error) == ("error", "NameError: name 'mine' is not defined")
+    assert (fresh.status, fresh.message) == ("exception", "NameError: name 'mine' is not defined")
     assert after.stdout == "after\n"
     assert box.stats["actors_replaced"] == 1
     assert wait_for(lambda: len(box.actors) == 2)  # the pool replaced it

@@ -71,6 +71,9 @@ class _Zygote:
         self.cgroup = cgroup
         self.control_lock = threading.Lock()
         self.broken = False
+        # A forked child inherits this object (and may drop or close it); only the process that started the zygote
+        # may stop it, kill its workers and remove its cgroup and folder.
+        self.owner = os.getpid()
         # The wrapper (unshare, bwrap) outlives the zygote for a moment and holds copies of our sockets, so
         # neither its exit status nor a closed socket says in time that the zygote died; a pidfd does.
         self.pid = _find_zygote(proc.pid, info.get("pid"))
@@ -118,8 +121,16 @@ def _find_zygote(wrapper: int, inner_pid: int | None) -> int | None:
 
 
 def _stop(zygote: _Zygote) -> None:
-    """Close both sockets (idle workers and the zygote see end of stream and exit), then make sure of it."""
+    """Close both sockets (idle workers and the zygote see end of stream and exit), then make sure of it.
+
+    In a forked child (a copy of the pool that a ``fork`` made, dropped or closed there) it only closes the child's
+    copies of the sockets: the parent's pool keeps running.
+    """
     zygote.close()
+    if os.getpid() != zygote.owner:
+        if zygote.cgroup is not None:
+            zygote.cgroup.close_fds()
+        return
     try:
         zygote.proc.wait(timeout=2)
     except subprocess.TimeoutExpired:

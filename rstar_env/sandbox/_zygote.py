@@ -46,6 +46,7 @@ import shutil
 import signal
 import socket
 import stat
+import sys
 import threading
 import time
 import traceback
@@ -598,8 +599,14 @@ class Zygote:
                 self.selector.unregister(worker.link)
                 worker.link.close()
                 worker.link = None
-        if worker.call is None and not clean_exit:
+        died_unasked = worker.call is None and not clean_exit
+        if died_unasked:
             self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again
+            if self.cgroups is not None and not self.cgroups.pool_exists():
+                # Someone removed the pool's cgroup: no spare can start again. Exit, so that the pool starts a
+                # fresh zygote (with a fresh cgroup) on the next call instead of failing spares forever.
+                print("rstar_env sandbox zygote: the pool's cgroup was removed; exiting", file=sys.stderr)
+                self.shutdown()
         del self.workers[pid]
         self.idle.discard(pid)
         if worker.call is not None:
@@ -609,7 +616,8 @@ class Zygote:
             _proctree.kill_uid(worker.uid)
         if self.cgroups is not None:
             self.cgroups.kill(worker.cgroup)
-            if not self.cgroups.pids(worker.cgroup) and len(self.free_cgroups) < 2 * self.spare_target:
+            reusable = not died_unasked and self.cgroups.exists(worker.cgroup) and not self.cgroups.pids(worker.cgroup)
+            if reusable and len(self.free_cgroups) < 2 * self.spare_target:
                 self.free_cgroups.append(worker.cgroup)
             else:
                 self.doomed_cgroups.add(worker.cgroup)  # removed after the reply: rmdir is off the call's latency

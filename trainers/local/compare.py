@@ -165,10 +165,49 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     mean = fmean(kept)
     if len(kept) < 2:
         return mean, math.nan, math.nan
-    from scipy import stats
-
-    half = float(stats.t.ppf(0.5 + level / 2, len(kept) - 1)) * stdev(kept) / math.sqrt(len(kept))
+    half = t_quantile(0.5 + level / 2, len(kept) - 1) * stdev(kept) / math.sqrt(len(kept))
     return mean, mean - half, mean + half
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """Student's t CDF for a whole number of degrees of freedom, by the closed-form series of Abramowitz and
+    Stegun 26.7.3-4 (exact, no special functions needed)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2, term = math.cos(theta) ** 2, 1.0
+    if df % 2:  # odd: (2/pi) * (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), last power df-3
+        total = 0.0
+        if df > 1:
+            total = 1.0
+            for k in range(1, (df - 1) // 2):
+                term *= cos2 * (2 * k) / (2 * k + 1)
+                total += term
+            total *= math.sin(theta) * math.cos(theta)
+        inside = 2 / math.pi * (theta + total)
+    else:  # even: sin * (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), last power df-2
+        total = 1.0
+        for k in range(1, df // 2):
+            term *= cos2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = math.sin(theta) * total
+    return 0.5 + inside / 2  # inside = P(|T| < t), signed with t
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile of Student's t with ``df`` (a whole number >= 1) degrees of freedom, by bisection of
+    :func:`_t_cdf` to float precision."""
+    if df < 1 or not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df >= 1, got p={p}, df={df}")
+    low, high = -1.0, 1.0
+    while _t_cdf(low, df) > p:
+        low *= 2
+    while _t_cdf(high, df) < p:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if _t_cdf(mid, df) < p else (low, mid)
+    return (low + high) / 2
 
 
 PAIRED = ("tool_error_ratio_correct", "reward", "accuracy", "response_tokens", "tool_calls_per_trajectory")
