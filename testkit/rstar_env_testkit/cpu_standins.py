@@ -31,6 +31,11 @@ Replaced (the complete list):
   ``flash_attn.utils.distributed`` modules whose functions raise if called (only sample packing, which the CPU
   config turns off, calls them).
 
+* bfloat16 (emulated, about 9x slower than float32, on a CPU without bf16 units): the actor trains in float32.
+  ``openrlhf.utils.utils.convert_to_torch_dtype`` returns ``torch.float32`` (the model loads in it), the DeepSpeed
+  configs from ``openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`` / ``get_eval_ds_config`` have ``bf16``
+  and ``fp16`` off, and the engine's worker takes float32 weights (OpenRLHF asks vLLM for bfloat16).
+
 * CUDA calls OpenRLHF makes unconditionally: ``torch.cuda.set_device`` and ``torch.cuda.synchronize`` do nothing,
   ``torch.cuda.current_device`` returns the CPU device, ``torch.cuda.current_stream`` returns ``None``;
   ``openrlhf.utils.deepspeed.deepspeed.init_device_mesh`` builds the mesh on ``"cpu"`` where OpenRLHF asks for
@@ -235,7 +240,9 @@ class CPUAsyncLLMEngine:
                                 script=self.script if self.answers else None)
         module, _, name = engine_args.worker_extension_cls.rpartition(".")
         extension = getattr(importlib.import_module(module), name)
-        dtype = getattr(torch, str(getattr(engine_args, "dtype", "bfloat16")))
+        # OpenRLHF asks for bfloat16; the actor trains in float32 here (see _float32_training), and the weights it
+        # broadcasts must match the worker's dtype.
+        dtype = torch.float32
         self.worker = type("CPUWorkerWithExtension", (extension, CPUWorker), {})(self.model, dtype)
         self.sleeping = False
         self.unfinished = 0
@@ -365,6 +372,16 @@ def _cuda_shims() -> None:
     torch.cuda.current_stream = lambda device=None: None
 
 
+def _float32_config(make: Any) -> Any:
+    def make_config(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        config = make(*args, **kwargs)
+        config["bf16"] = {"enabled": False}
+        config["fp16"] = {"enabled": False}
+        return config
+
+    return make_config
+
+
 def _patch_openrlhf(module: ModuleType) -> None:
     if module.__name__ == "openrlhf.utils.deepspeed.deepspeed":
         real = module.init_device_mesh
@@ -373,6 +390,14 @@ def _patch_openrlhf(module: ModuleType) -> None:
             return real("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
         module.init_device_mesh = init_device_mesh
+        # float32 training: a CPU without bfloat16 units emulates bf16 matmuls about 9x slower than float32 (one
+        # DeepSpeed micro-step took ~95 s instead of ~10 s), and OpenRLHF offers only bf16 and fp16.
+        module.get_train_ds_config = _float32_config(module.get_train_ds_config)
+        module.get_eval_ds_config = _float32_config(module.get_eval_ds_config)
+    elif module.__name__ == "openrlhf.utils.utils":
+        import torch
+
+        module.convert_to_torch_dtype = lambda param_dtype: torch.float32  # the model loads in float32 too
     elif module.__name__ == "openrlhf.trainer.ppo_utils.replay_buffer":
         buffer_init = module.NaiveReplayBuffer.__init__
 
@@ -409,6 +434,7 @@ def _patch_openrlhf(module: ModuleType) -> None:
 
 
 OPENRLHF_TARGETS = (
+    "openrlhf.utils.utils",
     "openrlhf.utils.deepspeed.deepspeed",
     "openrlhf.trainer.ppo_utils.replay_buffer",
     "openrlhf.trainer.ppo_utils.experience_maker",
