@@ -28,7 +28,7 @@ import os
 import secrets
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
@@ -92,8 +92,6 @@ class PoolCgroup:
     paths: dict[str, str]
     """``{hierarchy: absolute path of the pool's directory}``; hierarchy is a v1 controller or ``unified``."""
     fds: dict[str, int]
-    owner: int = field(default_factory=os.getpid)
-    """The process that made the cgroup: the only one that removes it."""
 
     @classmethod
     def create(cls, pool_memory_mb: int | None) -> PoolCgroup:
@@ -148,12 +146,8 @@ class PoolCgroup:
         self.fds = {}
 
     def remove(self) -> None:
-        """Kill whatever is left in the pool's cgroup, remove it (and its workers' cgroups), close the fds.
-
-        Only in the process that made it: a forked child's copy just closes its descriptors."""
+        """Kill whatever is left in the pool's cgroup, remove it (and its workers' cgroups), close the fds."""
         self.close_fds()
-        if os.getpid() != self.owner:
-            return
         for path in self.paths.values():
             _remove_tree(path)
         self.paths = {}
@@ -252,20 +246,11 @@ class WorkerCgroups:
         for fd in self.fds.values():
             _write(fd, f"{name}/cgroup.procs", pid)
 
-    def exists(self, name: str) -> bool:
-        """Whether the worker cgroup ``name`` is there in every hierarchy."""
+    def exists(self, name: str = "") -> bool:
+        """Whether the worker cgroup ``name`` (by default: the pool's own) is there in every hierarchy."""
         try:
             for fd in self.fds.values():
-                os.stat(f"{name}/cgroup.procs", dir_fd=fd)
-        except OSError:
-            return False
-        return True
-
-    def pool_exists(self) -> bool:
-        """Whether the pool's own cgroup is still there in every hierarchy (nobody removed it)."""
-        try:
-            for fd in self.fds.values():
-                os.stat("cgroup.procs", dir_fd=fd)
+                os.stat(os.path.join(name, "cgroup.procs"), dir_fd=fd)
         except OSError:
             return False
         return True

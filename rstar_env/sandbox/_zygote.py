@@ -602,7 +602,7 @@ class Zygote:
         died_unasked = worker.call is None and not clean_exit
         if died_unasked:
             self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again
-            if self.cgroups is not None and not self.cgroups.pool_exists():
+            if self.cgroups is not None and not self.cgroups.exists():
                 # Someone removed the pool's cgroup: no spare can start again. Exit, so that the pool starts a
                 # fresh zygote (with a fresh cgroup) on the next call instead of failing spares forever.
                 print("rstar_env sandbox zygote: the pool's cgroup was removed; exiting", file=sys.stderr)

@@ -240,7 +240,7 @@ class CPUAsyncLLMEngine:
                                 script=self.script if self.answers else None)
         module, _, name = engine_args.worker_extension_cls.rpartition(".")
         extension = getattr(importlib.import_module(module), name)
-        # OpenRLHF asks for bfloat16; the actor trains in float32 here (see _float32_training), and the weights it
+        # OpenRLHF asks for bfloat16; the actor trains in float32 here (see _float32_config), and the weights it
         # broadcasts must match the worker's dtype.
         dtype = torch.float32
         self.worker = type("CPUWorkerWithExtension", (extension, CPUWorker), {})(self.model, dtype)
