@@ -122,3 +122,23 @@ def test_train_shows_progress_the_table_and_the_summary(tmp_path):
     assert f"held-out report:  {tmp_path / 'run' / 'eval.json'}" in out
     assert "before" in out and "after" in out and "peak memory" in out and "total time" in out
     assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))  # keep_checkpoints: none
+
+
+def test_model_loading_hides_the_library_bars_and_restores_them():
+    """transformers' GGUF bar (stderr, redrawn in place) would glue our heartbeat lines to its end (a CI log)."""
+    import io
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    from rstar_env.rollout.local import _without_library_bars
+
+    bar = gguf_utils.tqdm
+    assert hf_logging.is_progress_bar_enabled()
+    with _without_library_bars():
+        assert not hf_logging.is_progress_bar_enabled()
+        stream = io.StringIO()
+        for _ in gguf_utils.tqdm(range(3), desc="Converting", file=stream):
+            pass
+        assert stream.getvalue() == ""
+    assert gguf_utils.tqdm is bar and hf_logging.is_progress_bar_enabled()

@@ -18,11 +18,13 @@ falls within that noise of a CDF boundary (rare, and not excluded).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import importlib.util
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,34 @@ def resolve_model(name: str | os.PathLike[str] | None) -> tuple[Path, str | None
     )
 
 
+@contextlib.contextmanager
+def _without_library_bars() -> Iterator[None]:
+    """Hide transformers' own loading bars while a model loads.
+
+    Callers report loading as a phase of their own progress (with a heartbeat); a library bar drawn on stderr
+    (no newline until it ends) would have those lines glued to its end. The GGUF dequantizer uses ``tqdm.auto``
+    directly, not transformers' switch, so it is silenced where it looks the name up.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # a transformers without GGUF support has no such bar
+        gguf_utils = None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 _cache: dict[tuple[str, str | None, str, str], tuple[Any, Any]] = {}
 _cache_lock = threading.Lock()
 
@@ -96,8 +126,9 @@ def load_model(
         if cache and key in _cache:
             return _cache[key]
         kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {"local_files_only": True}
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).to(device)
+        with _without_library_bars():
+            tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).to(device)
         if gguf:
             # transformers dequantizes GGUF weights to plain tensors on load but keeps the quantizer, which then
             # refuses save_pretrained; a trained model must be savable as an ordinary checkpoint.
