@@ -12,6 +12,7 @@ accelerator.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -23,9 +24,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytest.importorskip("openrlhf")
-pytest.importorskip("deepspeed")
-pytest.importorskip("peft")
+# Found, not imported: importing deepspeed costs every pytest process ~4 s at collection, and the training runs in
+# child processes that import it themselves.
+for _package in ("openrlhf", "deepspeed", "peft"):
+    if importlib.util.find_spec(_package) is None:
+        pytest.skip(f"{_package} is not installed (scripts/setup.sh --dev installs it)", allow_module_level=True)
 torch = pytest.importorskip("torch")
 
 from rstar_env_testkit.cpu_standins import EVIDENCE_ENV, SCRIPT_ENV, read_evidence, write_site_dir  # noqa: E402

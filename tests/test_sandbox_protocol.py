@@ -267,8 +267,10 @@ def test_session_after_a_timeout_starts_fresh(sandbox: Sandbox) -> None:
 
 
 def test_concurrent_calls_are_independent(sandbox: Sandbox) -> None:
+    # What is tested is independence, not speed: 24 calls at once on a loaded 2-core machine can take more than
+    # the module's 1 s timeout, and a timed-out call's output is cut short.
     async def scenario() -> list[ExecResult]:
-        return await asyncio.gather(*(sandbox.execute(f"n = {i}\nprint(n * n)") for i in range(24)))
+        return await asyncio.gather(*(sandbox.execute(f"n = {i}\nprint(n * n)", timeout_s=30) for i in range(24)))
 
     results = run(scenario())
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(24)]
