@@ -41,6 +41,7 @@ import importlib
 import json
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -469,6 +470,12 @@ class Zygote:
         if worker.call in self.pending_kills:
             del self.pending_kills[worker.call]
             self.kill_worker(pid)
+            return
+        # The caller sends its request right behind the call, so it is usually waiting already: pass it on now,
+        # before this turn ends in forking the next spare (a fork of the zygote takes milliseconds the call would
+        # otherwise wait, while the worker could already be running on another core).
+        if select.select([worker.chan], [], [], 0)[0]:
+            self.handle_chan(pid)
 
     def handle_chan(self, pid: int) -> None:
         """A request from the caller (or the end of its channel: it gave the worker up)."""
