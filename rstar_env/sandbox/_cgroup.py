@@ -255,27 +255,33 @@ class WorkerCgroups:
             return False
         return True
 
-    def pids(self, name: str) -> list[int]:
+    def pids(self, name: str) -> list[int] | None:
+        """The processes in the worker's cgroup; None if it cannot be read (it is gone)."""
         try:
             return [int(p) for p in _read(self.procs_fd, f"{name}/cgroup.procs").split()]
         except (OSError, ValueError):
-            return []
+            return None
 
-    def kill(self, name: str, *, spare: int | None = None) -> None:
+    def kill(self, name: str, *, spare: int | None = None) -> bool:
         """SIGKILL every process of the worker's cgroup but ``spare`` (a stopped session worker), until none is
-        left: a process that forks meanwhile is caught on the next pass, and ``pids.max`` bounds the passes."""
+        left: a process that forks meanwhile is caught on the next pass, and ``pids.max`` bounds the passes.
+        True once it is seen empty (but for ``spare``), False if it cannot be read or does not empty."""
         if spare is None and self.version == 2:
             with contextlib.suppress(OSError):
                 _write(self.procs_fd, f"{name}/cgroup.kill", "1")
         for attempt in range(1000):
-            pids = [p for p in self.pids(name) if p != spare and p != 0]
+            found = self.pids(name)
+            if found is None:
+                return False
+            pids = [p for p in found if p != spare and p != 0]
             if not pids:
-                return
+                return True
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             if attempt >= 10:
                 time.sleep(0.001)  # killed processes still exiting: do not spin on them
+        return False
 
     def cpu_s(self, name: str) -> float | None:
         """CPU seconds used by every process that was ever in the worker's cgroup."""

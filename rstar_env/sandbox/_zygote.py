@@ -528,18 +528,19 @@ class Zygote:
         """
         if not (worker.running and worker.report is not None and worker.stopped):
             return
-        # Stopped, the worker cannot fork; kill whatever is left below it (a cell that faked its report).
-        for _ in range(100):
-            alive = [p for p in _proctree.descendants(pid) if _proctree.is_alive(p)]
-            if not alive:
-                break
-            for child in alive:
-                with contextlib.suppress(OSError):
-                    os.kill(child, signal.SIGKILL)
+        # Stopped, the worker cannot fork; kill whatever is left of its call (a cell that faked its report). Its
+        # cgroup holds every process it started, below it or not (CLONE_PARENT), and none can leave it.
         if self.cgroups is not None:
-            self.cgroups.kill(worker.cgroup, spare=pid)  # CLONE_PARENT children are not below it
+            self.cgroups.kill(worker.cgroup, spare=pid)
         else:
-            self.sweep_strays()  # without a cgroup: they are our children that we did not fork
+            for _ in range(100):
+                alive = [p for p in _proctree.descendants(pid) if _proctree.is_alive(p)]
+                if not alive:
+                    break
+                for child in alive:
+                    with contextlib.suppress(OSError):
+                        os.kill(child, signal.SIGKILL)
+            self.sweep_strays()  # CLONE_PARENT children: ours, though we did not fork them
         try:
             threads = len(os.listdir(f"/proc/{pid}/task")) if worker.session else 1
         except OSError:
@@ -618,13 +619,14 @@ class Zygote:
         self.idle.discard(pid)
         if worker.call is not None:
             self.by_call.pop(worker.call, None)
-        self.sweep_strays()
+        if self.cgroups is None or not worker.finished:
+            # Orphans re-parented to us. A worker we ended cleanly had nothing left in its cgroup when we did.
+            self.sweep_strays()
         if worker.uid is not None and not clean_exit:
             _proctree.kill_uid(worker.uid)
         if self.cgroups is not None:
-            self.cgroups.kill(worker.cgroup)
-            reusable = not died_unasked and self.cgroups.exists(worker.cgroup) and not self.cgroups.pids(worker.cgroup)
-            if reusable and len(self.free_cgroups) < 2 * self.spare_target:
+            emptied = self.cgroups.kill(worker.cgroup)
+            if emptied and not died_unasked and len(self.free_cgroups) < 2 * self.spare_target:
                 self.free_cgroups.append(worker.cgroup)
             else:
                 self.doomed_cgroups.add(worker.cgroup)  # removed after the reply: rmdir is off the call's latency
