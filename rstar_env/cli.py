@@ -719,19 +719,19 @@ def compare(config: str, seeds: str, steps: int | None, output_dir: str | None, 
             _fail(str(exc))
         model = str(model_dir)
     out = Path(output_dir) if output_dir else root / "compare"
-    columns = ("reward", "tool_calls_per_trajectory", "tool_error_ratio_correct", "response_tokens", "time/step_s")
-    console.print(f"{'arm':>10}  {'step':>5}  " + "  ".join(f"{c.split('/')[-1][:12]:>12}" for c in columns))
+    from rstar_trainers.local.progress import COMPARE_COLUMNS, RunProgress, table_header, table_row
 
-    def show(arm: str, seed: int, m: dict[str, Any]) -> None:
-        console.print(f"{arm + '/' + str(seed):>10}  {m['step']:>5}  " +
-                      "  ".join(f"{m.get(c, 0):>12.4g}" for c in columns))
-
-    try:
-        summary = run_compare(run, settings, out=out, model=model, seeds=seed_list,
-                              steps=steps or settings.steps, on_step=show, jobs=jobs)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: each arm's checkpoint is saved; rerun to continue[/]")
-        raise SystemExit(130) from None
+    with RunProgress(console) as progress:
+        for line in table_header(COMPARE_COLUMNS):
+            progress.print(line)
+        try:
+            summary = run_compare(
+                run, settings, out=out, model=model, seeds=seed_list, steps=steps or settings.steps, jobs=jobs,
+                on_step=lambda arm, seed, m: progress.print(table_row(COMPARE_COLUMNS, {**m, "arm": f"{arm}/{seed}"})),
+                on_progress=progress.update)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: each arm's checkpoint is saved; rerun to continue[/]")
+            raise SystemExit(130) from None
     click.echo((out / "compare.md").read_text())
     roc = summary["arms"]["roc"]["tool_error_ratio_correct"]["mean_second_half"]
     grpo = summary["arms"]["grpo"]["tool_error_ratio_correct"]["mean_second_half"]

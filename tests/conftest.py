@@ -122,3 +122,27 @@ def smollm2():
     from rstar_env.rollout.local import load_model
 
     return load_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama() -> tuple[Any, Any]:
+    """A randomly initialised 2-layer Llama with a byte-level BPE tokenizer trained here (no hub, no files)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    corpus = ["What is 3 + 4? Let me check with python. <tool_call> </tool_call> <answer> \\boxed{7} </answer>"] * 4
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(config).eval()
+    return model, tokenizer
+

@@ -131,14 +131,28 @@ def test_model_loading_hides_the_library_bars_and_restores_them():
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
-    from rstar_env.rollout.local import _without_library_bars
+    from rstar_env.rollout.local import without_library_bars
 
     bar = gguf_utils.tqdm
     assert hf_logging.is_progress_bar_enabled()
-    with _without_library_bars():
+    with without_library_bars():
         assert not hf_logging.is_progress_bar_enabled()
         stream = io.StringIO()
         for _ in gguf_utils.tqdm(range(3), desc="Converting", file=stream):
             pass
         assert stream.getvalue() == ""
     assert gguf_utils.tqdm is bar and hf_logging.is_progress_bar_enabled()
+
+
+def test_saving_a_model_draws_no_library_bar(tmp_path, capfd, tiny_llama):
+    """transformers' "Writing model shards" bar would break the lines of a run's progress the same way."""
+    from transformers.utils import logging as hf_logging
+
+    from rstar_trainers.local.checkpoint import save_pretrained
+    model, tokenizer = tiny_llama
+    capfd.readouterr()
+    path = save_pretrained(model, tokenizer, tmp_path)
+    captured = capfd.readouterr()
+    assert (path / "config.json").exists() and (path / "model.safetensors").exists()
+    assert "Writing model shards" not in captured.err + captured.out, captured.err
+    assert hf_logging.is_progress_bar_enabled()

@@ -23,27 +23,6 @@ tokenizers = pytest.importorskip("tokenizers")
 from rstar_env.rollout.local import TransformersPolicy  # noqa: E402
 
 
-def tiny_model_and_tokenizer() -> tuple[Any, Any]:
-    """A randomly initialised 2-layer Llama with a byte-level BPE tokenizer trained here (no hub, no files)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    corpus = ["What is 3 + 4? Let me check with python. <tool_call> </tool_call> <answer> \\boxed{7} </answer>"] * 4
-    raw.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = LlamaForCausalLM(config).eval()
-    return model, tokenizer
-
-
 class JitterEcho:
     """Echoes its text after a random delay (not seeded): tool timing differs between runs."""
 
@@ -92,8 +71,8 @@ def _signature(trajectories: list[Any]) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return tiny_model_and_tokenizer()
+def tiny(tiny_llama):
+    return tiny_llama
 
 
 @pytest.fixture
@@ -291,12 +270,49 @@ def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, ti
     results = {}
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
-        seen = []
+        seen, progress = [], []
         run_compare(run, settings, out=out, model=str(tmp_path / "model"), seeds=[3], steps=1, jobs=jobs,
-                    on_step=lambda arm, seed, m, seen=seen: seen.append((arm, seed, m["step"])))
+                    on_step=lambda arm, seed, m, seen=seen: seen.append((arm, seed, m["step"])),
+                    on_progress=lambda *update, progress=progress: progress.append(update))
         assert sorted(seen) == [("grpo", 3, 1), ("roc", 3, 1)]
+        # Each arm's progress within its step reaches the caller, from the child processes too, named by arm.
+        for arm in ("grpo/3", "roc/3"):
+            rollouts = [(done, total) for key, done, total, description in progress
+                        if key.startswith(arm + " ") and "rollouts" in description]
+            assert rollouts and rollouts[-1] == (8, 8), (arm, progress)
         results[jobs] = {arm: json.loads((out / f"{arm}-seed3" / "metrics.jsonl").read_text().splitlines()[0])
                          for arm in ("grpo", "roc")}
         assert json.loads((out / "compare.json").read_text())["paired_step1"] == {"3": {"identical": 8, "of": 8}}
     for arm in ("grpo", "roc"):
         assert results[1][arm]["response_tokens"] == results[2][arm]["response_tokens"]
+
+
+def test_compare_command_shows_each_arms_progress_and_a_narrow_table(tmp_path, tiny, parity_reward):
+    """What a user reads while `rstar-env compare` runs: per-arm progress within steps (a CPU step takes minutes),
+    one table row per arm and step within 80 columns, then the paired difference."""
+    pytest.importorskip("matplotlib")
+    import yaml
+    from click.testing import CliRunner
+
+    from rstar_env.cli import main
+
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    run = tiny_run(tmp_path, logprob_gap=False)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(run.model_dump(mode="json", exclude_none=True)))
+    result = CliRunner().invoke(main, ["compare", "--config", str(config), "--sft-model", str(tmp_path / "model"),
+                                       "--seeds", "0,1", "--steps", "1", "--output-dir", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = lines.index(next(line for line in lines if line.split()[:2] == ["arm/", "step"]))
+    assert all(len(line) <= 80 for line in lines[header:header + 2])
+    rows = [line.split() for line in lines if line.split()[:1] in (["grpo/0"], ["roc/0"], ["grpo/1"], ["roc/1"])
+            and line.split()[1].isdigit()]
+    assert sorted(r[0] for r in rows) == ["grpo/0", "grpo/1", "roc/0", "roc/1"] and all(r[1] == "1" for r in rows)
+    assert all(len(r) == 7 for r in rows)
+    assert all(len(line) <= 80 for line in lines if line.split()[:1] == ["roc/0"] and line.split()[1].isdigit())
+    for arm in ("grpo/0", "roc/1"):
+        assert any(line.startswith(f"{arm} step 1: rollouts: 16/16") for line in lines), result.output
+    assert "paired difference RoC - GRPO" in result.output

@@ -81,11 +81,11 @@ def resolve_model(name: str | os.PathLike[str] | None) -> tuple[Path, str | None
 
 
 @contextlib.contextmanager
-def _without_library_bars() -> Iterator[None]:
-    """Hide transformers' own loading bars while a model loads.
+def without_library_bars() -> Iterator[None]:
+    """Hide transformers' own progress bars while a model loads or is saved.
 
-    Callers report loading as a phase of their own progress (with a heartbeat); a library bar drawn on stderr
-    (no newline until it ends) would have those lines glued to its end. The GGUF dequantizer uses ``tqdm.auto``
+    Callers report loading and saving as phases of their own progress (with a heartbeat); a library bar drawn on
+    stderr (no newline until it ends) would have those lines glued to its end. The GGUF dequantizer uses ``tqdm.auto``
     directly, not transformers' switch, so it is silenced where it looks the name up.
     """
     from transformers.utils import logging as hf_logging
@@ -126,7 +126,7 @@ def load_model(
         if cache and key in _cache:
             return _cache[key]
         kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {"local_files_only": True}
-        with _without_library_bars():
+        with without_library_bars():
             tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).to(device)
         if gguf:

@@ -129,9 +129,12 @@ def peak_rss_gib() -> float:
 
 def save_pretrained(model: Any, tokenizer: Any, out: Path) -> Path:
     """Write the model and its tokenizer as a Hugging Face directory ``out / "model"`` (what `eval --model` loads)."""
+    from rstar_env.rollout.local import without_library_bars
+
     path = out / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    with without_library_bars():  # its "Writing model shards" bar would break our progress lines
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
     return path
 
 

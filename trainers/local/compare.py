@@ -55,12 +55,15 @@ def run_compare(
     on_step: Callable[[str, int, dict[str, Any]], None] | None = None,
     model_and_tokenizer: tuple[Any, Any] | None = None,
     jobs: int = 1,
+    on_progress: Callable[[str, int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Train every (arm, seed) for ``steps`` steps from ``model``; then write the figure, table and metrics.
     Returns the summary written to ``compare.json``. ``model_and_tokenizer``: loaded weights to start every arm
     from (each arm trains a copy) instead of loading ``model``. ``jobs``: arms trained at once, each in its own
     process (on a GPU, one arm's token-by-token sampling leaves it mostly idle; plugins must then be installed
-    entry points, not registered at run time). The result does not depend on ``jobs``."""
+    entry points, not registered at run time). The result does not depend on ``jobs``. ``on_progress``: each
+    arm's progress within its steps (loading, rollouts, updates), as the trainer's ``on_progress`` with the phase's
+    key and description prefixed by ``ARM/SEED``, from child processes too."""
     import copy
 
     from rstar_trainers.local.trainer import LocalTrainer
@@ -72,13 +75,14 @@ def run_compare(
     arms = [(arm, seed, *arm_config(run, settings, root, arm, seed, steps, model))
             for seed in seeds for arm in ARMS]
     if jobs > 1 and model_and_tokenizer is None:
-        _run_parallel(arms, jobs, on_step)
+        _run_parallel(arms, jobs, on_step, on_progress)
         return write_report(root, seeds, keep=settings.group_size)
     for arm, seed, arm_run, arm_settings in arms:
         loaded = None
         if model_and_tokenizer is not None:
             loaded = (copy.deepcopy(model_and_tokenizer[0]), model_and_tokenizer[1])
-        trainer = LocalTrainer(arm_run, arm_settings, model_and_tokenizer=loaded)
+        report = None if on_progress is None else _arm_progress(on_progress, arm, seed)
+        trainer = LocalTrainer(arm_run, arm_settings, model_and_tokenizer=loaded, on_progress=report)
         try:
             trainer.train(on_step=None if on_step is None else lambda m, a=arm, s=seed: on_step(a, s, m))
         finally:
@@ -102,23 +106,35 @@ def arm_config(run: RunConfig, settings: LocalTrainerConfig, root: Path, arm: st
     return arm_run, arm_settings
 
 
+def _arm_progress(on_progress: Callable[[str, int, int, str], None], arm: str,
+                  seed: int) -> Callable[[str, int, int, str], None]:
+    def report(key: str, done: int, total: int, description: str = "") -> None:
+        on_progress(f"{arm}/{seed} {key}", done, total, f"{arm}/{seed} {description or key}")
+
+    return report
+
+
 def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dict[str, Any], threads: int,
                queue: Any) -> None:
-    """A child process's work: one arm, start to end (resuming from its checkpoints), its steps sent back."""
+    """A child process's work: one arm, start to end (resuming from its checkpoints), its steps and progress sent
+    back as ``("step", arm, seed, metrics)`` and ``("progress", key, done, total, description)``."""
     import torch
 
     from rstar_trainers.local.trainer import LocalTrainer
 
     torch.set_num_threads(threads)
-    trainer = LocalTrainer(RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data))
+    report = _arm_progress(lambda *args: queue.put(("progress", *args)), arm, seed)
+    trainer = LocalTrainer(RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data),
+                           on_progress=report)
     try:
-        trainer.train(on_step=lambda m: queue.put((arm, seed, m)))
+        trainer.train(on_step=lambda m: queue.put(("step", arm, seed, m)))
     finally:
         trainer.close()
 
 
 def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]], jobs: int,
-                  on_step: Callable[[str, int, dict[str, Any]], None] | None) -> None:
+                  on_step: Callable[[str, int, dict[str, Any]], None] | None,
+                  on_progress: Callable[[str, int, int, str], None] | None = None) -> None:
     import multiprocessing as mp
     import os
     import queue as queue_module
@@ -135,11 +151,13 @@ def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]]
                 done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
                 while True:
                     try:
-                        arm, seed, metrics = steps.get_nowait()
+                        kind, *message = steps.get_nowait()
                     except queue_module.Empty:
                         break
-                    if on_step is not None:
-                        on_step(arm, seed, metrics)
+                    if kind == "step" and on_step is not None:
+                        on_step(*message)
+                    elif kind == "progress" and on_progress is not None:
+                        on_progress(*message)
                 for future in done:
                     future.result()  # an arm's failure stops the comparison with its own traceback
 

@@ -156,6 +156,17 @@ SFT_COLUMNS: Sequence[Column] = (
     Column(("seconds", "step"), "time/step_s", 7, ".1f"),
 )
 
+COMPARE_COLUMNS: Sequence[Column] = (
+    Column(("arm/", "seed"), "arm", 8, "s"),
+    Column(("step", ""), "step", 5, "d"),
+    Column(("reward", "mean"), "reward", 7, ".3f"),
+    Column(("calls per", "trajectory"), "tool_calls_per_trajectory", 10, ".2f"),
+    Column(("tool err per", "call, correct"), "tool_error_ratio_correct", 13, ".3f"),
+    Column(("response", "tokens"), "response_tokens", 8, ".0f"),
+    Column(("seconds", "step"), "time/step_s", 7, ".1f"),
+)
+"""One arm's RL step per row of ``rstar-env compare`` (``arm``: e.g. ``roc/0``), within 80 columns."""
+
 RL_LEGEND = "tool err per call: failed tool calls / tool calls; 'correct': in trajectories that scored only"
 
 
@@ -169,6 +180,8 @@ def table_row(columns: Sequence[Column], metrics: Mapping[str, Any]) -> str:
         value = metrics.get(c.key)
         if value is None or (isinstance(value, float) and math.isnan(value)):
             cells.append(f"{'-':>{c.width}}")
+        elif c.format == "s":
+            cells.append(f"{value!s:>{c.width}}")
         elif c.format == "d":
             cells.append(f"{int(value):>{c.width}d}")
         else:
