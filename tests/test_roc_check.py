@@ -115,3 +115,18 @@ def test_roc_effect_config_validates():
     settings = trainer_config(run)
     assert settings.rollouts_per_prompt == 16 and settings.logprob_gap and settings.save_trajectories_steps == 1
     assert run.env.max_turns == 5 and "fix=0.5" in settings.sft["dataset"]
+
+
+def test_roc_effect_cpu_config_asks_the_same_question_at_a_cpu_size():
+    """The CPU variant keeps what makes RoC's choice matter (SFT data, turns, tools, problems, sampler) and shrinks
+    only what a step costs."""
+    from rstar_env.config import load_config
+    from rstar_trainers.local.config import trainer_config
+
+    gpu, cpu = load_config("configs/roc_effect.yaml"), load_config("configs/roc_effect_cpu.yaml")
+    g, c = trainer_config(gpu), trainer_config(cpu)
+    assert cpu.env == gpu.env and cpu.tools == gpu.tools and cpu.reward == gpu.reward
+    assert cpu.dataset == gpu.dataset and c.sft == g.sft
+    assert c.rollouts_per_prompt * c.prompts_per_step < g.rollouts_per_prompt * g.prompts_per_step
+    assert c.rollouts_per_prompt >= 2 * c.group_size >= 8  # several positives for RoC to choose among
+    assert c.max_response_tokens >= 512 and c.save_trajectories_steps == 1 and c.output_dir != g.output_dir

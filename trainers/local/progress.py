@@ -158,12 +158,8 @@ SFT_COLUMNS: Sequence[Column] = (
 
 COMPARE_COLUMNS: Sequence[Column] = (
     Column(("arm/", "seed"), "arm", 8, "s"),
-    Column(("step", ""), "step", 5, "d"),
-    Column(("reward", "mean"), "reward", 7, ".3f"),
-    Column(("calls per", "trajectory"), "tool_calls_per_trajectory", 10, ".2f"),
-    Column(("tool err per", "call, correct"), "tool_error_ratio_correct", 13, ".3f"),
-    Column(("response", "tokens"), "response_tokens", 8, ".0f"),
-    Column(("seconds", "step"), "time/step_s", 7, ".1f"),
+    *(c for c in RL_COLUMNS if c.key in ("step", "reward", "tool_calls_per_trajectory", "tool_error_ratio_correct",
+                                         "response_tokens", "time/step_s")),
 )
 """One arm's RL step per row of ``rstar-env compare`` (``arm``: e.g. ``roc/0``), within 80 columns."""
 
