@@ -316,3 +316,47 @@ def test_compare_command_shows_each_arms_progress_and_a_narrow_table(tmp_path, t
     for arm in ("grpo/0", "roc/1"):
         assert any(line.startswith(f"{arm} step 1: rollouts: 16/16") for line in lines), result.output
     assert "paired difference RoC - GRPO" in result.output
+
+
+def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path, tiny):
+    """Ctrl-C (SIGINT to the terminal's whole process group) during `compare --jobs 2`: the two arms training save
+    a checkpoint and stop, the arms not started never start, nothing prints a traceback, and the exit status says
+    interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    run = tiny_run(tmp_path, reward="math", logprob_gap=False)  # an installed plugin: the children load it too
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(run.model_dump(mode="json", exclude_none=True)))
+    out = tmp_path / "cmp"
+    log = tmp_path / "log.txt"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rstar_env.cli", "compare", "--config", str(config), "--sft-model",
+             str(tmp_path / "model"), "--seeds", "0,1,2", "--steps", "500", "--jobs", "2", "--output-dir", str(out)],
+            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while "step 2: rollouts" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert proc.poll() is None, log.read_text()
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=120) == 130, log.read_text()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "Traceback" not in text and "interrupted" in text, text
+    started = [d for d in out.iterdir() if d.name.endswith("-seed0")]
+    assert sorted(d.name for d in started) == ["grpo-seed0", "roc-seed0"]
+    assert all((d / "checkpoints" / "latest").exists() for d in started)  # saved on the way out
+    assert not any((out / f"{arm}-seed{seed}").exists() for arm in ("grpo", "roc") for seed in (1, 2))
+

@@ -17,9 +17,12 @@ sampler-only check on the step-1 rollouts). A rerun resumes every arm from its c
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import fmean, pstdev, stdev
@@ -114,22 +117,76 @@ def _arm_progress(on_progress: Callable[[str, int, int, str], None], arm: str,
     return report
 
 
-def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dict[str, Any], threads: int,
-               queue: Any) -> None:
+_messages: Any = None
+"""In an arm's process: the queue to the parent (set by :func:`_child_init`)."""
+_stopping: Any = None
+"""In an arm's process: set by the parent once the comparison stops (an arm queued already must not start)."""
+_interrupted = False
+"""In an arm's process: Ctrl-C came while it trained."""
+
+
+def _child_init(messages: Any, stopping: Any) -> None:
+    """A spawned arm process. Ctrl-C reaches every process of the terminal's group: an idle one ignores it (the
+    parent cancels the arms not started), a training one stops at its first (see :func:`_on_interrupt`)."""
+    global _messages, _stopping
+    _messages, _stopping = messages, stopping
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.unraisablehook = _quiet_interrupts
+
+
+def _on_interrupt(_signum: int, _frame: Any) -> None:
+    global _interrupted
+    if _interrupted:
+        return  # a second Ctrl-C (or the parent passing the first on) must not cut the checkpoint being written
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def _raise_if_interrupted() -> None:
+    # A KeyboardInterrupt raised while a finalizer (__del__) runs is dropped by Python: raise it again here, at a
+    # point where it reaches the trainer (which saves a checkpoint on its way out).
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
+def _quiet_interrupts(unraisable: Any) -> None:
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+
+
+def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dict[str, Any], threads: int) -> None:
     """A child process's work: one arm, start to end (resuming from its checkpoints), its steps and progress sent
     back as ``("step", arm, seed, metrics)`` and ``("progress", key, done, total, description)``."""
+    import os
+
     import torch
 
     from rstar_trainers.local.trainer import LocalTrainer
 
-    torch.set_num_threads(threads)
-    report = _arm_progress(lambda *args: queue.put(("progress", *args)), arm, seed)
-    trainer = LocalTrainer(RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data),
-                           on_progress=report)
+    global _interrupted
+    queue = _messages
+
+    def send(*message: Any) -> None:
+        _raise_if_interrupted()
+        queue.put(message)
+
+    _interrupted = False
+    queue.put(("started", os.getpid()))
+    signal.signal(signal.SIGINT, _on_interrupt)
     try:
-        trainer.train(on_step=lambda m: queue.put(("step", arm, seed, m)))
+        if _stopping.is_set():
+            return
+        torch.set_num_threads(threads)
+        report = _arm_progress(lambda *args: send("progress", *args), arm, seed)
+        trainer = LocalTrainer(RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data),
+                               on_progress=report)
+        try:
+            trainer.train(on_step=lambda m: send("step", arm, seed, m))
+        finally:
+            trainer.close()
     finally:
-        trainer.close()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        queue.put(("ended", os.getpid()))
 
 
 def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]], jobs: int,
@@ -142,24 +199,55 @@ def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]]
 
     context = mp.get_context("spawn")  # CUDA cannot be forked
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with context.Manager() as manager:
-        steps = manager.Queue()
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            pending = {pool.submit(_train_arm, arm, seed, r.model_dump(), s.model_dump(), threads, steps)
-                       for arm, seed, r, s in arms}
-            while pending:
-                done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-                while True:
-                    try:
-                        kind, *message = steps.get_nowait()
-                    except queue_module.Empty:
-                        break
-                    if kind == "step" and on_step is not None:
-                        on_step(*message)
-                    elif kind == "progress" and on_progress is not None:
-                        on_progress(*message)
-                for future in done:
-                    future.result()  # an arm's failure stops the comparison with its own traceback
+    messages, stopping = context.Queue(), context.Event()
+    training: set[int] = set()  # pids of the arm processes in the middle of an arm
+
+    def drain() -> None:
+        while True:
+            try:
+                kind, *message = messages.get_nowait()
+            except queue_module.Empty:
+                return
+            if kind == "started":
+                training.add(message[0])
+            elif kind == "ended":
+                training.discard(message[0])
+            elif kind == "step" and on_step is not None:
+                on_step(*message)
+            elif kind == "progress" and on_progress is not None:
+                on_progress(*message)
+
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_child_init,
+                               initargs=(messages, stopping))
+    pending: set[Any] = set()
+    try:
+        pending = {pool.submit(_train_arm, arm, seed, r.model_dump(), s.model_dump(), threads)
+                   for arm, seed, r, s in arms}
+        while pending:
+            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            drain()
+            for future in done:
+                future.result()  # an arm's failure stops the comparison with its own traceback
+    except BaseException:
+        # Interrupted (or an arm failed): arms not started never start; running ones checkpoint and stop. A
+        # Ctrl-C in a terminal reached them already; a signal to this process alone is passed on (once: see
+        # _on_interrupt). Their messages are read meanwhile: a child whose queue is full cannot exit.
+        stopping.set()
+        signalled: set[int] = set()
+        while True:
+            with contextlib.suppress(KeyboardInterrupt):  # more Ctrl-C while the arms save: they are ignored
+                drain()
+                for pid in training - signalled:
+                    signalled.add(pid)
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGINT)
+                if not pending:
+                    break
+                _, pending = wait(pending, timeout=0.5)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        drain()
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
