@@ -46,6 +46,18 @@ def test_plain_progress_heartbeat_when_a_phase_is_silent():
     assert beats and beats[0].startswith("step 3: updating the weights: 0/1 (")
 
 
+def test_heartbeat_names_a_phase_still_running_when_the_last_one_finished():
+    """Parallel arms (`compare --jobs 2`): one arm's phase ends while the other's goes on; the beat names that one."""
+    console, buffer = log_console()
+    with RunProgress(console, heartbeat_s=0.2) as progress:
+        progress.update("grpo/2 update", 0, 1, "grpo/2 step 4: updating the weights")
+        progress.update("roc/2 update", 0, 1, "roc/2 step 4: updating the weights")
+        progress.update("roc/2 update", 1, 1, "roc/2 step 4: updating the weights")
+        time.sleep(1.0)
+    beats = [line for line in buffer.getvalue().splitlines() if "still working" in line]
+    assert beats and all(b.startswith("grpo/2 step 4: updating the weights: 0/1 (") for b in beats), beats
+
+
 def test_terminal_progress_prints_rows_above_the_bars():
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=100)

@@ -112,6 +112,8 @@ class RunProgress:
                 if now - self._last_output < self.heartbeat_s:
                     continue
                 phase = self._phases.get(self._current) if self._current else None
+                if phase is None or phase.done >= phase.total:  # another phase may still run (parallel arms)
+                    phase = next((p for p in reversed(self._phases.values()) if p.done < p.total), None)
                 if phase is not None and phase.done < phase.total:
                     self._emit(f"{phase.description}: {phase.done}/{phase.total} "
                                f"({_seconds(now - phase.started)}, still working)")
