@@ -246,11 +246,11 @@ class WorkerCgroups:
         for fd in self.fds.values():
             _write(fd, f"{name}/cgroup.procs", pid)
 
-    def exists(self, name: str = "") -> bool:
-        """Whether the worker cgroup ``name`` (by default: the pool's own) is there in every hierarchy."""
+    def exists(self) -> bool:
+        """Whether the pool's cgroup is there in every hierarchy (a worker's: :meth:`pids` is not None)."""
         try:
             for fd in self.fds.values():
-                os.stat(os.path.join(name, "cgroup.procs"), dir_fd=fd)
+                os.stat("cgroup.procs", dir_fd=fd)
         except OSError:
             return False
         return True
