@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import SandboxError, _cgroup, _client, _isolation, _limits, _protocol, _spawn
+from . import SandboxError, _cgroup, _client, _hugepages, _isolation, _limits, _protocol, _spawn
 
 logger = logging.getLogger("rstar_env.sandbox")
 
@@ -276,6 +276,7 @@ class ZygotePool:
             "uid_base": self._uid_base,
             "uid_count": UID_RANGE,
             "spares": self.spares,
+            "huge_page_bytes": _hugepages.huge_page_size(),
             "network": self.network,
             "tmp_binds": _isolation.tmp_paths(_isolation.visible_paths(self.python)),
             "cgroup": cgroup.config() if cgroup is not None else None,

@@ -54,7 +54,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import _cgroup, _limits, _proctree, _protocol, _seccomp, _worker
+from . import _cgroup, _hugepages, _limits, _proctree, _protocol, _seccomp, _worker
 
 SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
@@ -187,6 +187,10 @@ class Zygote:
         # Everything imported so far is shared copy-on-write with the workers: keep the collector off it.
         gc.collect()
         gc.freeze()
+        # Each fork then copies a few dozen huge-page entries instead of ~13,000 small ones (see _hugepages).
+        self.huge_pages_mb = 0
+        if config.get("huge_page_bytes"):
+            self.huge_pages_mb = _hugepages.collapse_heap(int(config["huge_page_bytes"])) >> 20
 
     def _probe_setup(self, uid_base: int | None) -> tuple[bool, bool]:
         """Find the strongest worker setup that works here, in throwaway children; note what is missing."""
@@ -276,6 +280,7 @@ class Zygote:
             "cgroups": self.cgroups is not None,
             "syscall_filter": self.syscall_filter is not None,
             "private_network": self.private_mounts and not self.network,
+            "huge_pages_mb": self.huge_pages_mb,
             "notes": self.notes,
         }
         _protocol.send_message(self.control, ready)

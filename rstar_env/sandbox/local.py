@@ -170,7 +170,8 @@ class LocalSandbox(_base.ThreadedSandbox):
 
     @property
     def info(self) -> dict[str, Any]:
-        """What the zygote reported: pid, preloaded and skipped modules, whether workers get private uids."""
+        """What the zygote reported: pid, preloaded and skipped modules, whether workers get private uids, the
+        MiB of its heap in huge pages (``huge_pages_mb``)."""
         return self.pool.info
 
     def _start(self) -> None:
