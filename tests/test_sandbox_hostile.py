@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -1172,6 +1173,49 @@ def test_a_forked_copy_of_the_pool_closed_in_the_child_leaves_the_parents_pool_r
         assert box.pool._zygote is zygote and box.pool.restarts == 0
         if zygote.cgroup is not None:
             assert all(os.path.isdir(path) for path in zygote.cgroup.paths.values())
+    finally:
+        box.close()
+
+
+def test_a_forked_copy_of_the_pool_used_in_the_child_runs_on_the_childs_own_zygote() -> None:
+    """A forked child that uses its copy of the pool (rather than dropping it) gets a zygote of its own, without a
+    warning that the zygote died (it did not), and the parent's pool goes on untouched."""
+    box = LocalSandbox(spares=1, preload=(), warmup=None)
+    try:
+        start_or_skip(box)
+        assert execute(box, "print(1)").stdout == "1\n"  # the parent's call threads exist when it forks
+        zygote = box.pool._zygote
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                signal.alarm(30)
+                os.close(read)
+                warnings: list[str] = []
+                handler = logging.Handler(logging.WARNING)
+                handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+                logging.getLogger("rstar_env.sandbox").addHandler(handler)
+                result = execute(box, "import os; print(os.getpid())")
+                child_zygote = box.pool._zygote
+                report = {
+                    "status": result.status,
+                    "own_zygote": child_zygote is not None and child_zygote.pid != zygote.pid,
+                    "restarts": box.pool.restarts,
+                    "warnings": warnings,
+                }
+                os.write(write, json.dumps(report).encode())
+                box.close()
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write)
+        report = json.loads(os.read(read, 4096) or b"{}")
+        os.close(read)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert report == {"status": "ok", "own_zygote": True, "restarts": 0, "warnings": []}, report
+        assert execute(box, "print(2)").stdout == "2\n"
+        assert box.pool._zygote is zygote and box.pool.restarts == 0
     finally:
         box.close()
 

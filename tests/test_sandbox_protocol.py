@@ -7,6 +7,9 @@ BACKENDS_UNDER_TEST; a backend that cannot start here is skipped with the reason
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 import pytest
 
 from rstar_env.sandbox import ExecResult, Sandbox, SandboxError, create_sandbox
+from rstar_env.sandbox._base import ThreadedSandbox
 
 BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
 BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
@@ -317,3 +321,36 @@ def test_context_manager_and_idempotent_close(backend: str) -> None:
     except SandboxError as exc:  # pragma: no cover - backend missing on this machine
         pytest.skip(f"backend {backend!r} unavailable: {exc}")
     assert result.stdout == "ctx\n"
+
+
+def test_a_forked_child_runs_its_copy_on_its_own_or_is_told_why_it_cannot(sandbox: Sandbox) -> None:
+    """A fork (multiprocessing, gymnasium's AsyncVectorEnv) copies the sandbox into the child without its threads.
+    The copy either works there on its own (the process backends) or refuses with an error that says what to do
+    (the remote backends, whose connection lives on a thread of the parent); it never hangs, and the parent's
+    sandbox goes on working."""
+    assert execute(sandbox, "print(1)").stdout == "1\n"  # its threads exist in the parent when it forks
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            signal.alarm(30)
+            os.close(read)
+            try:
+                report = {"stdout": execute(sandbox, "print(6 * 7)").stdout}
+            except SandboxError as exc:
+                report = {"error": str(exc)}
+            os.write(write, json.dumps(report).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    report = json.loads(os.read(read, 65536) or b"{}")
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0, "the child hung or crashed"
+    if isinstance(sandbox, ThreadedSandbox):
+        assert report == {"stdout": "42\n"}, report
+    else:
+        assert "cannot be used in a forked child" in report.get("error", ""), report
+        assert "'spawn'" in report["error"]
+    assert execute(sandbox, "print(2)").stdout == "2\n"

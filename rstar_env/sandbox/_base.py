@@ -14,6 +14,7 @@ import dataclasses
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,19 @@ class _Session:
         with self.turn:
             self.serving += 1
             self.turn.notify_all()
+
+
+_LIVE: weakref.WeakSet[ThreadedSandbox] = weakref.WeakSet()
+"""Every sandbox of this process, for :func:`_after_fork_in_child`."""
+
+
+def _after_fork_in_child() -> None:
+    # A fork (multiprocessing, AsyncVectorEnv) copies the sandboxes into the child without the threads behind them.
+    for sandbox in list(_LIVE):
+        sandbox._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ThreadedSandbox(abc.ABC):
@@ -76,6 +90,18 @@ class ThreadedSandbox(abc.ABC):
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         self._closed = False
+        _LIVE.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: start from no threads and no sessions, so that the copy works there on its own.
+
+        The copied executor has no threads in the child (a call queued on it would never run), the copied lock may
+        be held by a parent's thread, and the sessions' workers are the parent's. Subclasses drop what else of
+        theirs belongs to the parent, then call this.
+        """
+        self._lock = threading.Lock()
+        self._executor = None
+        self._sessions = {}
 
     # ------------------------------------------------------------------------------------------- subclass API
 

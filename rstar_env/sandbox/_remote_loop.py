@@ -14,6 +14,7 @@ import abc
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -100,6 +101,7 @@ class LoopSandbox(abc.ABC):
         self._state_lock = threading.Lock()
         self._started: concurrent.futures.Future[None] | None = None
         self._closed = False
+        self._owner = os.getpid()
 
     # ------------------------------------------------------------------------------------------- subclass API
 
@@ -156,6 +158,9 @@ class LoopSandbox(abc.ABC):
 
     async def aclose(self) -> None:
         """End every session, release the backend and stop the private loop. Idempotent."""
+        if os.getpid() != self._owner:
+            self._closed = True  # a forked copy: the loop, its thread and the backend are the parent's
+            return
         with self._state_lock:
             if self._closed:
                 return
@@ -178,6 +183,12 @@ class LoopSandbox(abc.ABC):
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError(f"{type(self).__name__} is closed")
+        if os.getpid() != self._owner:
+            # Its private loop runs on a thread of the parent, which a fork does not copy: a call would wait forever.
+            raise SandboxError(
+                f"this {type(self).__name__} was created in process {self._owner} and cannot be used in a forked "
+                "child: create the sandbox in the child, or start children with the 'spawn' method"
+            )
 
     async def _ensure_started(self) -> None:
         started = self._started

@@ -177,6 +177,10 @@ class LocalSandbox(_base.ThreadedSandbox):
     def _start(self) -> None:
         self.pool.start()
 
+    def _after_fork_in_child(self) -> None:
+        self.pool.after_fork_in_child()
+        super()._after_fork_in_child()
+
     def _spawn(self, *, session: bool) -> _client.Worker:
         return self.pool.spawn(session=session)
 

@@ -140,6 +140,12 @@ class SubprocessSandbox(_base.ThreadedSandbox):
                     self._uids = _UidRange(base, _pool.UID_RANGE)
             self._base_dir = base_dir
 
+    def _after_fork_in_child(self) -> None:
+        # The folder and uids are the parent's (closing the copy must not remove them): the child makes its own.
+        self._start_lock = threading.Lock()
+        self._base_dir, self._uids = None, None
+        super()._after_fork_in_child()
+
     def _spawn(self, *, session: bool) -> _client.Worker:
         self._start()
         assert self._base_dir is not None
