@@ -26,6 +26,8 @@ import pytest
 from rstar_env.sandbox import ExecResult, SandboxError
 from rstar_env.sandbox.local import LocalSandbox
 
+from ._forked import in_forked_child
+
 TIMEOUT_S = 1.0
 SLACK_S = 1.0
 SECRET_NAME, SECRET_VALUE = "RSTAR_TEST_FAKE_SECRET", "hunter2-" + uuid.uuid4().hex
@@ -1185,34 +1187,25 @@ def test_a_forked_copy_of_the_pool_used_in_the_child_runs_on_the_childs_own_zygo
         start_or_skip(box)
         assert execute(box, "print(1)").stdout == "1\n"  # the parent's call threads exist when it forks
         zygote = box.pool._zygote
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                signal.alarm(30)
-                os.close(read)
-                warnings: list[str] = []
-                handler = logging.Handler(logging.WARNING)
-                handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-                logging.getLogger("rstar_env.sandbox").addHandler(handler)
-                result = execute(box, "import os; print(os.getpid())")
-                child_zygote = box.pool._zygote
-                report = {
-                    "status": result.status,
-                    "own_zygote": child_zygote is not None and child_zygote.pid != zygote.pid,
-                    "restarts": box.pool.restarts,
-                    "warnings": warnings,
-                }
-                os.write(write, json.dumps(report).encode())
-                box.close()
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write)
-        report = json.loads(os.read(read, 4096) or b"{}")
-        os.close(read)
-        assert os.waitpid(pid, 0)[1] == 0
+        assert zygote is not None
+
+        def child() -> dict[str, Any]:
+            warnings: list[str] = []
+            handler = logging.Handler(logging.WARNING)
+            handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+            logging.getLogger("rstar_env.sandbox").addHandler(handler)
+            result = execute(box, "import os; print(os.getpid())")
+            child_zygote = box.pool._zygote
+            report = {
+                "status": result.status,
+                "own_zygote": child_zygote is not None and child_zygote.pid != zygote.pid,
+                "restarts": box.pool.restarts,
+                "warnings": warnings,
+            }
+            box.close()
+            return report
+
+        report = in_forked_child(child)
         assert report == {"status": "ok", "own_zygote": True, "restarts": 0, "warnings": []}, report
         assert execute(box, "print(2)").stdout == "2\n"
         assert box.pool._zygote is zygote and box.pool.restarts == 0

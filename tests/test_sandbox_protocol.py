@@ -7,9 +7,6 @@ BACKENDS_UNDER_TEST; a backend that cannot start here is skipped with the reason
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +15,8 @@ import pytest
 
 from rstar_env.sandbox import ExecResult, Sandbox, SandboxError, create_sandbox
 from rstar_env.sandbox._base import ThreadedSandbox
+
+from ._forked import in_forked_child
 
 BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
 BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
@@ -329,25 +328,14 @@ def test_a_forked_child_runs_its_copy_on_its_own_or_is_told_why_it_cannot(sandbo
     (the remote backends, whose connection lives on a thread of the parent); it never hangs, and the parent's
     sandbox goes on working."""
     assert execute(sandbox, "print(1)").stdout == "1\n"  # its threads exist in the parent when it forks
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
+
+    def child() -> dict[str, str]:
         try:
-            signal.alarm(30)
-            os.close(read)
-            try:
-                report = {"stdout": execute(sandbox, "print(6 * 7)").stdout}
-            except SandboxError as exc:
-                report = {"error": str(exc)}
-            os.write(write, json.dumps(report).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
-    report = json.loads(os.read(read, 65536) or b"{}")
-    os.close(read)
-    assert os.waitpid(pid, 0)[1] == 0, "the child hung or crashed"
+            return {"stdout": execute(sandbox, "print(6 * 7)").stdout}
+        except SandboxError as exc:
+            return {"error": str(exc)}
+
+    report = in_forked_child(child)
     if isinstance(sandbox, ThreadedSandbox):
         assert report == {"stdout": "42\n"}, report
     else:
