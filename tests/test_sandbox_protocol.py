@@ -327,9 +327,11 @@ def test_a_forked_child_runs_its_copy_on_its_own_or_is_told_why_it_cannot(sandbo
     The copy either works there on its own (the process backends) or refuses with an error that says what to do
     (the remote backends, whose connection lives on a thread of the parent); it never hangs, and the parent's
     sandbox goes on working."""
-    assert execute(sandbox, "print(1)").stdout == "1\n"  # its threads exist in the parent when it forks
+    session = "the parent's"
+    assert execute(sandbox, "x = 41; print(1)", session=session).stdout == "1\n"  # its threads exist when it forks
 
     def child() -> dict[str, str]:
+        run(sandbox.close_session(session))  # the parent's session: a no-op in the child, never a hang
         try:
             return {"stdout": execute(sandbox, "print(6 * 7)").stdout}
         except SandboxError as exc:
@@ -342,3 +344,5 @@ def test_a_forked_child_runs_its_copy_on_its_own_or_is_told_why_it_cannot(sandbo
         assert "cannot be used in a forked child" in report.get("error", ""), report
         assert "'spawn'" in report["error"]
     assert execute(sandbox, "print(2)").stdout == "2\n"
+    assert execute(sandbox, "print(x + 1)", session=session).stdout == "42\n"  # the child ended nothing of it
+    run(sandbox.close_session(session))

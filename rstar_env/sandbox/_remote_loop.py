@@ -152,8 +152,8 @@ class LoopSandbox(abc.ABC):
 
     async def close_session(self, session: str) -> None:
         """End ``session`` once the calls made before this one are done; unknown sessions are a no-op."""
-        if self._closed or self._started is None:
-            return
+        if self._closed or self._started is None or os.getpid() != self._owner:
+            return  # in a forked child the session is the parent's: nothing of it is here to end
         await self._runner.run(self._close_session(session))
 
     async def aclose(self) -> None:

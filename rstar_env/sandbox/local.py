@@ -178,7 +178,9 @@ class LocalSandbox(_base.ThreadedSandbox):
         self.pool.start()
 
     def _after_fork_in_child(self) -> None:
-        self.pool.after_fork_in_child()
+        pool = getattr(self, "pool", None)  # None if the fork came in the middle of __init__
+        if pool is not None:
+            pool.after_fork_in_child()
         super()._after_fork_in_child()
 
     def _spawn(self, *, session: bool) -> _client.Worker:
