@@ -219,22 +219,17 @@ class ZygotePool:
     # ---------------------------------------------------------------------------------------------- lifecycle
 
     def start(self) -> _Zygote:
-        """The live zygote of this process, starting (or restarting) it if needed."""
+        """The live zygote, starting (or restarting) it if needed."""
         zygote = self._zygote
-        if zygote is not None and zygote.owner == os.getpid() and zygote.alive():
+        if zygote is not None and zygote.alive():
             return zygote
         with self._lock:
             if self._closed:
                 raise SandboxError("the local sandbox is closed")
             zygote = self._zygote
-            if zygote is not None and zygote.owner != os.getpid():
-                # A forked copy of the pool (AsyncVectorEnv, multiprocessing): the parent's zygote stays the
-                # parent's; this process starts its own.
-                logger.debug("local sandbox: used in a forked child; starting the child's own zygote")
-                self._retire(zygote)
-            elif zygote is not None and zygote.alive():
+            if zygote is not None and zygote.alive():
                 return zygote
-            elif zygote is not None:
+            if zygote is not None:
                 self.restarts += 1
                 logger.warning("local sandbox: the zygote died (status %s); restarting it", zygote.proc.poll())
                 self._retire(zygote)
@@ -242,9 +237,13 @@ class ZygotePool:
             return self._zygote
 
     def after_fork_in_child(self) -> None:
-        """In a forked child: the copied lock may be held by a parent's thread. The parent's zygote is replaced by
-        one of the child's own on the child's first call (see :meth:`start`)."""
+        """In a forked child: the copied lock may be held by a parent's thread, and the zygote is the parent's.
+        Drop the child's copies of its sockets (it keeps running for the parent); the child's first call starts a
+        zygote of its own."""
         self._lock = threading.Lock()
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            self._retire(zygote)
 
     def close(self) -> None:
         with self._lock:
