@@ -6,62 +6,34 @@ the shared background loop and returns its result; :func:`on_background_loop` sa
 
 ``MathToolEnv.step`` is a thin wrapper over ``astep``. ``asyncio.run`` would fail inside a running loop (Jupyter,
 an async trainer) and would build a new loop per step, so synchronous calls go to one long-lived loop on a daemon
-thread. Sandboxes and verifiers never bind to a loop, so they work from this loop and the caller's alike.
+thread. Sandboxes and reward plugins never bind to a loop, so they work from this loop and the caller's alike.
 
-The loop survives ``fork``: a forked child (a ``multiprocessing`` worker, gymnasium's ``AsyncVectorEnv`` with the
+The loop is the process runtime's (:meth:`rstar_env.runtime.Runtime.loop`); these functions are its public face.
+It survives ``fork``: a forked child (a ``multiprocessing`` worker, gymnasium's ``AsyncVectorEnv`` with the
 ``fork`` context) inherits the parent's loop object but not its thread, so waiting on it would hang forever. The
-child forgets it at fork time and starts its own on first use.
+runtime forgets it at fork time and the child starts its own on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from rstar_env.runtime import runtime
+
 T = TypeVar("T")
-
-_loop: asyncio.AbstractEventLoop | None = None
-_lock = threading.Lock()
-
-
-def _forget_parent_loop() -> None:
-    # Runs in the child right after fork. The parent's thread is gone; its lock may have been held at fork time.
-    global _loop, _lock
-    _loop = None
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_loop)
-
-
-def _background_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _lock:
-        if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="rstar-env-loop", daemon=True).start()
-            _loop = loop
-        return _loop
 
 
 def on_background_loop() -> bool:
     """Whether the caller runs on the background loop's thread (where ``run_sync`` must not be called)."""
-    loop = _loop
-    if loop is None:
-        return False
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
+    return runtime().on_loop()
 
 
 async def run_on_background(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` run on the background loop: the caller's loop (vLLM's, say) only waits on a future, so work
     that blocks inside ``coro`` never stalls it."""
-    loop = _background_loop()
+    loop = runtime().loop()
     if asyncio.get_running_loop() is loop:
         return await coro
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
@@ -69,7 +41,7 @@ async def run_on_background(coro: Coroutine[Any, Any, T]) -> T:
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion and return its result (exceptions propagate)."""
-    loop = _background_loop()
+    loop = runtime().loop()
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -82,7 +54,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 def spawn_on_background(coro: Coroutine[Any, Any, Any]) -> None:
     """Start ``coro`` on the background loop without waiting for it (for cleanup from a finalizer)."""
-    loop = _background_loop()
+    loop = runtime().loop()
     if on_background_loop():
         loop.create_task(coro)
     else:

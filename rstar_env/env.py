@@ -32,7 +32,7 @@ import time
 import traceback
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium
@@ -48,6 +48,7 @@ from rstar_env.format import (
     get_chat_format,
     has_tool_call,
     parse_tool_calls,
+    printable,
     render_system_prompt,
 )
 from rstar_env.plugins import check_tool, invoke, load_reward, load_tool
@@ -64,18 +65,16 @@ STEP_LIMIT_OPTION = "max_episode_steps"
 
 
 class RewardError(RuntimeError):
-    """The verifier failed to judge an answer (it raised): the episode ends as an ``env_error``, unscored."""
+    """The reward plugin failed to judge an answer (it raised): the episode ends as an ``env_error``, unscored."""
 
 
 class RewardTimeout(RewardError):
-    """The verifier did not finish within ``env.reward_timeout_s``: an ``env_error`` whose error starts with
+    """The reward plugin did not finish within ``env.reward_timeout_s``: an ``env_error`` whose error starts with
     ``reward_timeout``."""
 
 
-
-
 class MathToolEnv(gymnasium.Env[str, str]):
-    """A multi-turn math environment with tools, a verifier reward and a length budget.
+    """A multi-turn math environment with tools, a reward plugin and a length budget.
 
     Args:
         tools: tool names, ``{name, options}`` dicts, or tool instances (shared, not closed by this env).
@@ -92,13 +91,13 @@ class MathToolEnv(gymnasium.Env[str, str]):
         max_episode_steps: cut every episode after this many steps as ``time_limit``, scored like ``max_turns``.
             One episode's limit can also come with its reset, ``reset(options={..., "max_episode_steps": n})``,
             which is how :class:`rstar_env.wrappers.ScoredTimeLimit` and :class:`rstar_env.wrappers.EnvAPI` make the
-            step they truncate a scored one. The env never looks for wrappers around it: gymnasium's own
-            ``TimeLimit`` (what ``gym.make(..., max_episode_steps=n)`` adds) truncates from outside, unscored.
+            step they truncate a scored one. The limit of ``gym.make(..., max_episode_steps=n)`` is scored too:
+            the env finds the ``TimeLimit`` that ``make`` put around it at its first reset.
         **env_options: any other :class:`~rstar_env.config.EnvConfig` field (``max_length``, ``chat_format``, ...).
 
     Copies (``pickle``, ``copy.deepcopy``) keep the config, the loaded dataset and the random state, so the same seed
-    draws the same problem; tools and the verifier are rebuilt for the copy and start their sandboxes and workers on
-    first use, never sharing the original's. A running episode is not copied: call ``reset()`` on the copy.
+    draws the same problem; tools and the reward plugin are rebuilt for the copy and start their sandboxes and workers
+    on first use, never sharing the original's. A running episode is not copied: call ``reset()`` on the copy.
     An env that is dropped without ``close()`` releases its sandboxes and workers when it is garbage-collected.
     """
 
@@ -144,6 +143,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
         self.max_episode_steps = max_episode_steps
         self._episode_step_limit: int | None = None  # from the current episode's reset options
+        self._make_limit: int | None = None  # from gym.make's TimeLimit, looked up at the first reset
+        self._make_limit_known = False
 
         self._owned: list[Any] = []  # plugins this env built, and so closes
         # The release of what the plugins hold must not depend on close(): a dropped env releases it when collected.
@@ -203,7 +204,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
     def render(self) -> str | None:
         if self._trajectory is None:
             return None
-        text = self._trajectory.prompt + self._trajectory.response
+        text = printable(self._trajectory.prompt + self._trajectory.response)  # tool output may hold escapes
         if self.render_mode == "human":
             print(text)
             return None
@@ -272,6 +273,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"reset option {STEP_LIMIT_OPTION!r} must be a positive int or None, got {limit!r}")
         self._episode_step_limit = limit
+        if not self._make_limit_known:
+            self._make_limit = _gym_make_step_limit(self)
+            self._make_limit_known = True
         if row:
             check_row(row, "reset options")
         row = row or self._draw()
@@ -316,7 +320,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         A :class:`~rstar_env.spaces.TokenAction` carries its own ``token_ids``/``logprobs``: that is how they pass
         through gymnasium wrappers, whose ``step`` takes the action alone.
 
-        Nothing in ``action`` makes this raise. A failure of the env itself, a tool plugin or the verifier ends
+        Nothing in ``action`` makes this raise. A failure of the env itself, a tool plugin or the reward plugin ends
         this episode alone with ``end_reason == "env_error"``, unscored, the traceback in ``info["error"]``.
         """
         if isinstance(action, TokenAction):
@@ -424,9 +428,10 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     @property
     def time_limit(self) -> int | None:
-        """Steps after which the current episode ends as ``time_limit``: the env's ``max_episode_steps`` or the
-        ``max_episode_steps`` its reset options gave, whichever is smaller; ``None`` for none."""
-        limits = [n for n in (self.max_episode_steps, self._episode_step_limit) if n is not None]
+        """Steps after which the current episode ends as ``time_limit``: the smallest of the env's
+        ``max_episode_steps``, the one its reset options gave, and that of the ``TimeLimit`` that
+        ``gym.make(..., max_episode_steps=n)`` put around it; ``None`` for none."""
+        limits = [n for n in (self.max_episode_steps, self._episode_step_limit, self._make_limit) if n is not None]
         return min(limits) if limits else None
 
     @property
@@ -451,13 +456,13 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
     @property
     def settings_key(self) -> dict[str, str]:
-        """What produced this env's scores, recorded in each trajectory's ``metadata["settings"]``: the verifier's
+        """What produced this env's scores, recorded in each trajectory's ``metadata["settings"]``: the reward's
         name and a hash of its options, and a hash of the env settings and tools. A resumed evaluation reruns
         records whose key differs from the current one."""
         tools = [_fingerprint(entry) for entry in self._tool_entries]  # not cached: settings may be reassigned
         return {
-            "verifier": str(getattr(self.reward_fn, "name", "?")),
-            "verifier_options": _digest(_fingerprint(self._reward_entry)),
+            "reward": str(getattr(self.reward_fn, "name", "?")),
+            "reward_options": _digest(_fingerprint(self._reward_entry)),
             "env": _digest({"env": self.settings.model_dump(mode="json"), "tools": tools}),
         }
 
@@ -531,19 +536,19 @@ class MathToolEnv(gymnasium.Env[str, str]):
             )
         except _TimedOut:
             raise RewardTimeout(
-                f"reward_timeout: the {self.reward_fn.name!r} verifier did not finish within {limit:g} s "
+                f"reward_timeout: the {self.reward_fn.name!r} reward plugin did not finish within {limit:g} s "
                 "(env.reward_timeout_s); the episode is not scored"
             ) from None
-        except Exception as exc:  # a verifier that fails has not judged the answer: no score, an env_error
-            raise RewardError(f"the {self.reward_fn.name!r} verifier raised {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # a reward plugin that fails has not judged the answer: no score, an env_error
+            raise RewardError(f"the {self.reward_fn.name!r} reward plugin raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(result, RewardResult):
-            raise RewardError(f"the {self.reward_fn.name!r} verifier returned {type(result).__name__}, "
-                              "not rstar_env.trajectory.RewardResult")
+            raise RewardError(
+                f"the {self.reward_fn.name!r} reward plugin returned {type(result).__name__}, "
+                "not rstar_env.trajectory.RewardResult"
+            )
         return result
 
-    async def _finish(
-        self, reason: str, result: RewardResult | None
-    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    async def _finish(self, reason: str, result: RewardResult | None) -> tuple[str, float, bool, bool, dict[str, Any]]:
         traj = self._trajectory
         assert traj is not None
         traj.end_reason = reason  # type: ignore[assignment]
@@ -608,7 +613,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
 
 
 async def _close_plugins(plugins: list[Any]) -> None:
-    # A plugin that holds resources (a sandbox pool, verifier workers) releases them in `aclose()`.
+    # A plugin that holds resources (a sandbox pool, a reward's workers) releases them in `aclose()`.
     for plugin in plugins:
         closer = getattr(plugin, "aclose", None)
         if closer is not None:
@@ -645,6 +650,8 @@ async def _bounded(coro: Any, limit: float, name: str) -> Any:
     watchdog.watch(loop)
     start = time.perf_counter()
     task = loop.create_task(coro, name=name)
+    # The name is "<kind> '<plugin>' <method>": a stall this task causes is that plugin's to fix.
+    watchdog.attribute(task, name.rpartition(" ")[0] or name)
     try:
         done, _ = await asyncio.wait({task}, timeout=limit)
     except asyncio.CancelledError:  # the step itself was cancelled: so is the call it was waiting for
@@ -685,10 +692,20 @@ def _fingerprint(entry: Any) -> Any:
     with contextlib.suppress(TypeError):
         if entry in _BUILT_FROM:
             return _BUILT_FROM[entry]
-    plain = {k: v for k, v in sorted(vars(entry).items()) if not k.startswith("_")
-             and isinstance(v, str | int | float | bool | type(None))} if hasattr(entry, "__dict__") else {}
-    return {"name": getattr(entry, "name", "?"), "class": f"{type(entry).__module__}.{type(entry).__qualname__}",
-            "options": plain}
+    plain = (
+        {
+            k: v
+            for k, v in sorted(vars(entry).items())
+            if not k.startswith("_") and isinstance(v, str | int | float | bool | type(None))
+        }
+        if hasattr(entry, "__dict__")
+        else {}
+    )
+    return {
+        "name": getattr(entry, "name", "?"),
+        "class": f"{type(entry).__module__}.{type(entry).__qualname__}",
+        "options": plain,
+    }
 
 
 def _digest(value: Any) -> str:
@@ -711,3 +728,39 @@ def _is_dataset_spec(value: Any) -> bool:
 def _is_spec(value: Any) -> bool:
     """A plugin named (``"python"``, ``{name, options}``, a PluginSpec, or None for the default), not an instance."""
     return value is None or isinstance(value, str | dict | PluginSpec)
+
+
+def _gym_make_step_limit(env: MathToolEnv) -> int | None:
+    """The limit of the gymnasium ``TimeLimit`` wrapping ``env``, when ``gym.make`` built it; else ``None``.
+
+    ``gym.make(..., max_episode_steps=n)`` gives ``n`` to the ``TimeLimit`` it puts outside the env and records it
+    in that wrapper's ``spec`` only: the env's own ``spec`` says ``None``, and no call tells the env. So the env
+    looks for the wrappers that hold it, once (an env ``make`` did not build, with no ``spec``, has none to find).
+    """
+    if env.spec is None:
+        return None
+    from gymnasium.wrappers import TimeLimit
+
+    limits: list[int] = []
+    inner: Any = env
+    for _ in range(32):  # a wrapper stack is a chain: each wrapper holds the next one in as ``env``
+        outer = next(_wrappers_holding(inner), None)
+        if outer is None:
+            break
+        limit = outer.spec.max_episode_steps if isinstance(outer, TimeLimit) and outer.spec is not None else None
+        if limit is not None:
+            limits.append(int(limit))
+        inner = outer
+    return min(limits) if limits else None
+
+
+def _wrappers_holding(inner: Any) -> Iterator[gymnasium.Wrapper]:
+    import gc
+
+    for ref in gc.get_referrers(inner):
+        if isinstance(ref, gymnasium.Wrapper) and ref.env is inner:
+            yield ref
+        elif isinstance(ref, dict) and ref.get("env") is inner:  # a wrapper whose __dict__ was materialized (a copy)
+            for owner in gc.get_referrers(ref):
+                if isinstance(owner, gymnasium.Wrapper) and getattr(owner, "__dict__", None) is ref:
+                    yield owner

@@ -13,6 +13,10 @@ tool response that says what was wrong.
 Tool output is data: :func:`neutralize_markers` breaks every chat-control marker (turn markers such as
 ``<|im_start|>``, the hermes ``<tool_call>``/``<tool_response>`` tags, a tokenizer's special tokens) in text that
 must not steer the conversation, so printed markers can never open or close a turn.
+
+Printing is another matter: :func:`printable` marks the control characters of text shown on a terminal (tool
+output can hold escape sequences and NUL bytes), for ``render()``, ``rstar-env episode`` and ``chat``, while the
+observation and the trajectory keep the data as it was.
 """
 
 from __future__ import annotations
@@ -87,8 +91,11 @@ def _parse_one(raw: str, max_chars: int = MAX_CALL_CHARS, max_depth: int = MAX_J
     if not body:
         return ParsedCall(raw=raw, error=f"empty tool call: {_EXPECTED}")
     if len(body) > max_chars:
-        return ParsedCall(raw=raw, error=f"tool call is {len(body)} characters long; the limit is {max_chars}. "
-                                         "Write shorter code, or compute large data inside the code")
+        return ParsedCall(
+            raw=raw,
+            error=f"tool call is {len(body)} characters long; the limit is {max_chars}. "
+            "Write shorter code, or compute large data inside the code",
+        )
     payload, problem = _load_json(body, max_depth)
     if problem is not None:
         return ParsedCall(raw=raw, error=f"tool call {problem}; {_EXPECTED}")
@@ -101,8 +108,9 @@ def _parse_one(raw: str, max_chars: int = MAX_CALL_CHARS, max_depth: int = MAX_J
     if isinstance(arguments, str):  # some models emit the arguments object as a JSON string
         arguments, problem = _load_json(arguments, max_depth) if arguments.strip() else ({}, None)
         if problem is not None:
-            return ParsedCall(raw=raw, name=name, error=f'"arguments" is a string that is not a JSON object '
-                                                        f"({problem})")
+            return ParsedCall(
+                raw=raw, name=name, error=f'"arguments" is a string that is not a JSON object ({problem})'
+            )
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
@@ -284,10 +292,20 @@ same to a person but is no longer the marker to a template, a parser or a tokeni
 
 HERMES_MARKERS: tuple[str, ...] = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, "<tool_response>", "</tool_response>")
 TURN_MARKERS: tuple[str, ...] = (
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>",                       # chatml (Qwen, SmolLM2, ...)
-    "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",  # Llama 3
-    "<start_of_turn>", "<end_of_turn>",                                 # Gemma
-    "[INST]", "[/INST]", "<s>", "</s>",                                 # Llama 2, Mistral
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",  # chatml (Qwen, SmolLM2, ...)
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",  # Llama 3
+    "<start_of_turn>",
+    "<end_of_turn>",  # Gemma
+    "[INST]",
+    "[/INST]",
+    "<s>",
+    "</s>",  # Llama 2, Mistral
 )
 """Turn and sequence markers of common chat templates. Any ``<|name|>`` marker is neutralised too, listed or not."""
 TOOL_OUTPUT_MARKERS: tuple[str, ...] = TURN_MARKERS + HERMES_MARKERS
@@ -319,6 +337,32 @@ def neutralize_markers(text: str, markers: Iterable[str] = TOOL_OUTPUT_MARKERS) 
     while pattern.search(text) is not None:
         text = pattern.sub(breaking, text)
     return text
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""Control characters but tab and newline: C0, DEL, C1, and the bidirectional overrides and isolates."""
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: each control character but newline and tab becomes a visible mark,
+    so tool output cannot move the cursor, recolour, retitle or clear the terminal, or reorder the text.
+
+    C0 controls and DEL become their Unicode control pictures (ESC ``\u241b``, NUL ``\u2400``, CR ``\u240d``),
+    C1 controls and the bidirectional overrides ``<U+009B>``, ``<U+202E>``; a CRLF line ending reads as a newline.
+    For display only: the observation and the trajectory keep the data. Text without controls comes back as is.
+    """
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(_control_mark, text.replace("\r\n", "\n"))
+
+
+def _control_mark(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    if code < 0x20:
+        return chr(0x2400 + code)
+    if code == 0x7F:
+        return "\u2421"
+    return f"<U+{code:04X}>"
 
 
 def render_tool_responses(texts: Sequence[str], markers: Iterable[str] = TOOL_OUTPUT_MARKERS) -> str:
@@ -362,8 +406,7 @@ class ChatFormat:
         return replace(self, assistant_start=self.assistant_start + prefill, prefill=self.prefill + prefill)
 
     def render_prompt(self, system: str, user: str) -> str:
-        return (f"{self.system_start}{system}{self.turn_end}"
-                f"{self.user_start}{user}{self.turn_end}{self.assistant_start}")
+        return f"{self.system_start}{system}{self.turn_end}{self.user_start}{user}{self.turn_end}{self.assistant_start}"
 
     def render_feedback(self, action: str, tool_texts: Sequence[str], special_tokens: Sequence[str] = ()) -> str:
         """The feedback text; ``special_tokens`` (a tokenizer's) are neutralised in tool output too."""
@@ -378,7 +421,7 @@ class ChatFormat:
         if marker and action.endswith(self.turn_end):
             end = ""
         elif marker and action.endswith(marker):
-            end = self.turn_end[len(marker):]
+            end = self.turn_end[len(marker) :]
         else:
             end = self.turn_end
         markers = (*TOOL_OUTPUT_MARKERS, *self.control_markers, *special_tokens)

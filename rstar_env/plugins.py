@@ -1,4 +1,4 @@
-"""Plugins: tools, reward verifiers and group samplers, discovered with pluggy.
+"""Plugins: tools, rewards and group samplers, discovered with pluggy.
 
 The hookspecs below are the documented API. A package provides plugins by implementing any of them in a module and
 naming that module under the ``rstar_env`` entry-point group::
@@ -20,8 +20,9 @@ Then ``load_tool("my_tool", **options)`` builds an instance, as the env does for
 
 Each entry point is loaded in isolation: one that fails is skipped with a :class:`PluginLoadWarning` and listed
 by :func:`failed_plugins`. A plugin's options are declared once: as ``options_model`` (a pydantic model or a
-dataclass) that the constructor receives as ``options``, or as the fields of a dataclass plugin. They are validated
-when a config loads; a tool's schema is checked when the tool is built.
+dataclass) that the constructor receives as ``options``, as the fields of a dataclass plugin, or as a constructor's
+keywords (checked against their type annotations). They are validated when a config loads, with errors that name
+the config key; a tool's schema is checked when the tool is built.
 
 Plugin methods may be coroutines or plain functions: :func:`invoke` runs a plain one in a thread, so its time
 limit holds and it never blocks the event loop every env shares. Plugin authors import from
@@ -30,18 +31,21 @@ limit holds and it never blocks the event loop every env shares. Plugin authors 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import inspect
 import threading
+import types
 import typing
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import pluggy
-from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 
 from rstar_env.invoke import invoke
 from rstar_env.reward import Reward
@@ -54,6 +58,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 PluginKind = Literal["tool", "reward", "sampler"]
 T = TypeVar("T")
+M = TypeVar("M")
 
 
 class PluginSpecs:
@@ -86,6 +91,17 @@ _SIGNATURE_METHOD: dict[PluginKind, str] = {"tool": "call", "reward": "score", "
 
 class PluginError(LookupError):
     """A plugin cannot be found, loaded or built; the message says what is registered and how to fix it."""
+
+
+class OptionsError(PluginError, ValueError):
+    """A plugin's options have bad values. ``problems`` holds ``(option, message)`` pairs, each option a dotted path
+    (``mode``, ``sandbox_options.memory_mb``; ``""`` for the options as a whole), so a config error names its key.
+    A ``ValueError`` too, as a constructor's bad argument."""
+
+    def __init__(self, prefix: str, problems: list[tuple[str, str]]) -> None:
+        self.prefix = prefix
+        self.problems = problems
+        super().__init__(f"{prefix}: " + "; ".join(f"{o}: {m}" if o else m for o, m in problems))
 
 
 class PluginLoadWarning(UserWarning):
@@ -286,8 +302,10 @@ class PluginRegistry:
         - ``options_model`` with a constructor that takes the fields as keywords: it gets every field;
         - a dataclass plugin with no ``options_model``: its init fields are the options, validated by type.
 
-        Without any of these, ``options`` must bind to the constructor's signature. Unknown keys and bad values
-        raise :class:`PluginError` naming the plugin and what is wrong.
+        Without any of these, ``options`` must bind to the constructor's signature, and are validated by its type
+        annotations as pydantic's ``validate_call`` does (``timeout: float`` refuses ``"abc"``; an unannotated
+        parameter accepts anything; ``**kwargs`` accepts unknown keys). Unknown keys raise :class:`PluginError`, bad
+        values :class:`OptionsError` (a ``PluginError`` listing each option and what is wrong), naming the plugin.
         """
         cls = self.get(kind, name)
         label = f"{kind} {name!r} ({_qualname(cls)})"
@@ -308,6 +326,8 @@ class PluginRegistry:
             inspect.signature(cls).bind(**options)
         except TypeError as exc:
             raise PluginError(f"{label} rejects options {sorted(options)}: {exc}") from exc
+        if model is None and not dataclasses.is_dataclass(cls):
+            options = _validate_signature(cls, options, label)
         return options
 
     def build(self, kind: PluginKind, name: str, options: dict[str, Any]) -> Any:
@@ -362,16 +382,32 @@ def _validate(model: Any, fields: list[str], options: dict[str, Any], label: str
         raise PluginError(
             f"{label} has no option(s) {', '.join(map(repr, unknown))}; its options are: {', '.join(fields) or 'none'}"
         )
+    return _validated(model, options, f"{label} rejects its options")
+
+
+def _validated(model: Any, options: Mapping[str, Any], prefix: str) -> Any:
+    """``options`` validated by ``model`` (a pydantic model or a dataclass), or :class:`OptionsError`."""
     try:
         if issubclass(model, BaseModel):
             return model.model_validate(options)
         return TypeAdapter(model).validate_python(options)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
-        raise PluginError(f"{label} rejects its options: {problems}") from None
+        raise OptionsError(prefix, _problems(exc)) from None
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """``(option, message)`` for each error of ``exc``, the message with the value it got."""
+    problems = []
+    for error in exc.errors():
+        got = "" if error["type"] == "missing" else f" (got {_short(repr(error.get('input')))})"
+        # A validator's own ValueError says it all; pydantic would prefix it with "Value error, ".
+        message = str(error["ctx"]["error"]) if error["type"] == "value_error" else error["msg"]
+        problems.append((".".join(str(p) for p in error["loc"]), f"{message}{got}"))
+    return problems
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _dataclass_model(cls: type) -> type[BaseModel]:
@@ -384,12 +420,81 @@ def _dataclass_model(cls: type) -> type[BaseModel]:
         if f.default is not dataclasses.MISSING:
             fields[f.name] = (hints.get(f.name, Any), f.default)
         elif f.default_factory is not dataclasses.MISSING:
-            from pydantic import Field
-
             fields[f.name] = (hints.get(f.name, Any), Field(default_factory=f.default_factory))
         else:
             fields[f.name] = (hints.get(f.name, Any), ...)
     return create_model(f"{cls.__name__}Options", __config__={"arbitrary_types_allowed": True}, **fields)
+
+
+# Per plugin class: the model of its constructor's keyword parameters and, per field, the parameter it stands for.
+_SIGNATURE_MODELS: weakref.WeakKeyDictionary[type, tuple[type[BaseModel], dict[str, str]]] = weakref.WeakKeyDictionary()
+
+
+def _validate_signature(cls: type, options: dict[str, Any], label: str) -> dict[str, Any]:
+    """``options`` (already bound to ``cls``'s signature) validated by the constructor's type annotations and
+    converted as pydantic's ``validate_call`` would; keys that only ``**kwargs`` takes pass unchanged."""
+    built = _signature_model(cls)
+    if built is None:
+        return options
+    model, params = built
+    validated = _validated(model, options, f"{label} rejects its options")
+    out = dict(options)
+    for field, param in params.items():
+        if param in options:
+            out[param] = getattr(validated, field)
+    return out
+
+
+def _signature_model(cls: type) -> tuple[type[BaseModel], dict[str, str]] | None:
+    """A pydantic model of the keyword parameters of ``cls``'s constructor, as ``validate_call`` builds one: an
+    annotated parameter is validated by its type, an unannotated one (or one whose annotation pydantic cannot
+    check, or that does not resolve) is ``Any``; ``**kwargs`` allows extra keys. Fields are named ``p0``, ``p1``,
+    ... with the parameter's name as alias, so a parameter may be called ``schema`` or ``model_config``."""
+    with contextlib.suppress(TypeError):  # an unhashable or non-weakref-able class: just rebuild it
+        if cls in _SIGNATURE_MODELS:
+            return _SIGNATURE_MODELS[cls]
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # a builtin without a signature: binding already said what it could
+        return None
+    init = getattr(cls, "__init__", None)
+    namespace = getattr(init, "__globals__", {})
+    fields: dict[str, Any] = {}
+    params: dict[str, str] = {}
+    extra: Literal["allow", "forbid"] = "forbid"
+    for param in signature.parameters.values():
+        if param.kind is param.VAR_KEYWORD:
+            extra = "allow"
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.POSITIONAL_ONLY):  # never given by a config's keys
+            continue
+        field = f"p{len(params)}"
+        default = ... if param.default is param.empty else param.default
+        fields[field] = (_checkable(param.annotation, namespace), Field(default, alias=param.name))
+        params[field] = param.name
+    config = ConfigDict(arbitrary_types_allowed=True, extra=extra)
+    model = create_model(f"{cls.__name__}Options", __config__=config, **fields)
+    with contextlib.suppress(TypeError):
+        _SIGNATURE_MODELS[cls] = (model, params)
+    return model, params
+
+
+def _checkable(annotation: Any, namespace: dict[str, Any]) -> Any:
+    """``annotation`` resolved (a string under ``from __future__ import annotations``), or ``Any`` when it is
+    absent, does not resolve, or is a type pydantic cannot validate (a plain ``Protocol``, say)."""
+    if annotation is inspect.Parameter.empty:
+        return Any
+    if isinstance(annotation, str):
+        holder = types.SimpleNamespace(__annotations__={"value": annotation})
+        try:
+            annotation = typing.get_type_hints(holder, globalns=namespace, include_extras=True)["value"]
+        except Exception:  # a name only imported under TYPE_CHECKING, a typo: not ours to fail on
+            return Any
+    try:
+        create_model("_Probe", __config__=ConfigDict(arbitrary_types_allowed=True), value=(annotation, ...))
+    except Exception:
+        return Any
+    return annotation
 
 
 def _has_init(cls: type) -> bool:
@@ -466,8 +571,38 @@ def load_sampler(name: str, **options: Any) -> Sampler:
     return typing.cast(Sampler, get_registry().build("sampler", name, options))
 
 
+def plugin_options(model: type[M], options: M | Mapping[str, Any] | None = None, settings: Mapping[str, Any] = {}) -> M:
+    """The validated options of a constructor that takes its ``options_model`` or keywords, or both::
+
+        def __init__(self, options: MyOptions | None = None, **settings: Any) -> None:
+            self.options = plugin_options(MyOptions, options, settings)
+
+    so ``load_tool("my_tool", timeout_s=2)`` (the registry passes the model it validated, which is returned as is)
+    and ``MyTool(timeout_s=2)`` both work, with the constraints declared once, in the model. ``settings`` override
+    ``options``. Raises ``TypeError`` for a key that is no option, :class:`OptionsError` (a ``ValueError``) for bad
+    values, naming each option.
+    """
+    fields = _model_fields(model, model.__name__)
+    if isinstance(options, model) and not settings:
+        return options
+    if options is None:
+        given: dict[str, Any] = {}
+    elif isinstance(options, model):
+        given = {field: getattr(options, field) for field in fields}
+    elif isinstance(options, Mapping):
+        given = dict(options)
+    else:
+        raise TypeError(f"options must be a {model.__name__}, a mapping or None, got {type(options).__name__}")
+    given.update(settings)
+    unknown = sorted(set(given) - set(fields))
+    if unknown:
+        raise TypeError(f"{', '.join(map(repr, unknown))}: no such option; the options are {', '.join(fields)}")
+    return typing.cast(M, _validated(model, given, f"invalid {model.__name__}"))
+
+
 __all__ = [
     "FailedPlugin",
+    "OptionsError",
     "PluginError",
     "PluginInfo",
     "PluginLoadWarning",
@@ -483,6 +618,7 @@ __all__ = [
     "load_reward",
     "load_sampler",
     "load_tool",
+    "plugin_options",
     "register",
     "unregister",
 ]

@@ -1,4 +1,4 @@
-"""The reward contract: a verifier scores a final response against the gold answer.
+"""The reward contract: a reward plugin scores a final response against the gold answer.
 
 A reward plugin is a class with ``name`` and ``score(response: str, answer: str) -> RewardResult``, either
 ``async def`` (run on the event loop every env shares: it must not block it) or plain ``def`` (run in a thread).
@@ -21,9 +21,33 @@ from rstar_env.trajectory import RewardResult
 
 @runtime_checkable
 class Reward(Protocol):
-    name: ClassVar[str] | str
+    """A reward plugin. ``score`` is ``async def`` or plain ``def`` (run in a thread). Optional: ``options_model``
+    (checked when a config loads), ``async def score_batch(pairs) -> list[RewardResult]`` (used by trainers, see
+    :func:`score_many`) and ``async def aclose()`` (release workers when the env that built it closes)."""
 
-    def score(self, response: str, answer: str) -> Awaitable[RewardResult] | RewardResult: ...
+    name: ClassVar[str] | str
+    """The name configs use (``reward: math``)."""
+
+    def score(self, response: str, answer: str) -> Awaitable[RewardResult] | RewardResult:
+        """Score one episode's response against the gold answer.
+
+        Bounded in time and memory from any thread; the env also stops it after ``env.reward_timeout_s``.
+
+        Args:
+            response: the episode's final assistant action (every action, with ``env.scored_text: all_actions``),
+                in which the plugin finds the answer itself, in its own format.
+            answer: the gold answer of the dataset row, as written there.
+
+        Returns:
+            A :class:`RewardResult`: ``reward`` (1.0 / 0.0 for correctness, any float for shaped rewards), the
+            answer ``extracted`` from ``response`` (``None`` if none) and a short ``reason`` code. A wrong or
+            missing answer is a score (``RewardResult(0.0, None, "no_answer")``), not an error.
+
+        Raises:
+            Only for a bug in the plugin: the episode then ends unscored as ``env_error``, the exception in
+            ``info["error"]`` (evaluation counts it, training drops the group).
+        """
+        ...
 
 
 async def score_many(reward: Reward, pairs: Sequence[tuple[str, str]]) -> list[RewardResult]:

@@ -36,11 +36,30 @@ class TrajectorySummary(Protocol):
 
 @runtime_checkable
 class Sampler(Protocol):
-    name: ClassVar[str] | str
+    """A group sampler plugin. Optional: ``options_model`` (checked when a config loads)."""
 
-    def select(
-        self, group: Sequence[TrajectorySummary], keep: int, rng: np.random.Generator
-    ) -> list[int] | None: ...
+    name: ClassVar[str] | str
+    """The name configs use (``sampler: roc``)."""
+
+    def select(self, group: Sequence[TrajectorySummary], keep: int, rng: np.random.Generator) -> list[int] | None:
+        """Choose which rollouts of one prompt a trainer learns from. A plain ``def``: trainers call it directly,
+        through :func:`checked_select`.
+
+        Args:
+            group: the prompt's rollouts (usually ``2 * keep``), in rollout order: ``Trajectory`` objects or a
+                trainer's own records; read only the :class:`TrajectorySummary` attributes.
+            keep: how many to keep (the ``G`` of GRPO), at least 1.
+            rng: the trainer's seeded generator; draw every random choice from it, so a run is reproducible.
+
+        Returns:
+            Exactly ``keep`` distinct indices into ``group`` (any order), or ``None`` (or ``[]``) to drop the
+            whole group (too small, no learning signal).
+
+        Raises:
+            Whatever the plugin raises propagates to the trainer; a result of the wrong shape is refused by
+            :func:`checked_select` with a :class:`SamplerError` naming the sampler.
+        """
+        ...
 
 
 class SamplerError(ValueError):

@@ -95,13 +95,16 @@ def encode_parts(tokenizer: Any, parts: Iterable[FeedbackPart]) -> list[int]:
 def encode_data(tokenizer: Any, text: str, specials: SpecialTokens | None = None) -> list[int]:
     """``text`` as ids with every special-token string in it encoded as plain text."""
     specials = specials if specials is not None else SpecialTokens.of(tokenizer)
-    fix = ("use a Hugging Face tokenizer (transformers >= 4.42), or one whose encode(text, add_special_tokens=False, "
-           "split_special_tokens=True) encodes special-token strings as plain text")
+    fix = (
+        "use a Hugging Face tokenizer (transformers >= 4.42), or one whose encode(text, add_special_tokens=False, "
+        "split_special_tokens=True) encodes special-token strings as plain text"
+    )
     try:
         ids = list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
     except TypeError as exc:
-        raise TypeError(f"{type(tokenizer).__name__}.encode cannot keep tool output from becoming special tokens "
-                        f"({exc}); {fix}") from exc
+        raise TypeError(
+            f"{type(tokenizer).__name__}.encode cannot keep tool output from becoming special tokens ({exc}); {fix}"
+        ) from exc
     forged = set(ids) & set(specials.ids.values())
     if forged:
         raise TypeError(

@@ -11,11 +11,11 @@ Build actions, play a scripted episode, assert on the Trajectory::
         assert traj.turns[0].tool_calls[0].result.text == "42"
 
 Nothing here needs a model: a scripted policy is a list of action strings (or a function of the last
-observation), which is what an env-level test wants. Verifiers and samplers are tested without an env::
+observation), which is what an env-level test wants. Reward plugins and samplers are tested without an env::
 
     from rstar_env.testing import make_group, score, select
 
-    assert score("my_verifier", "<answer>\\boxed{42}</answer>", "42").reward == 1.0
+    assert score("my_reward", "<answer>\\boxed{42}</answer>", "42").reward == 1.0
     assert select("my_sampler", make_group([1, 1, 0, 0], turns=[1, 3, 2, 2]), keep=2) == [0, 2]
 """
 
@@ -108,18 +108,18 @@ def assert_tool_errors(trajectory: Trajectory, expected: dict[str, int]) -> None
         raise AssertionError(f"tool errors {got} != expected {expected}; calls: {json.dumps(calls)}")
 
 
-# -- verifiers and samplers -------------------------------------------------------------------------------------
-def score(verifier: Any, response: str, gold: str, **options: Any) -> RewardResult:
-    """Score ``response`` against the gold answer with ``verifier`` (an instance, or a registered name built with
-    ``options``), synchronously, checking that it returns a :class:`~rstar_env.trajectory.RewardResult`."""
+# -- reward plugins and samplers ---------------------------------------------------------------------------------
+def score(reward: Any, response: str, gold: str, **options: Any) -> RewardResult:
+    """Score ``response`` against the gold answer with ``reward`` (a reward plugin instance, or a registered name
+    built with ``options``), synchronously, checking that it returns a :class:`~rstar_env.trajectory.RewardResult`."""
     from rstar_env import aio
     from rstar_env.plugins import invoke, load_reward
 
-    plugin = load_reward(verifier, **options) if isinstance(verifier, str) else verifier
+    plugin = load_reward(reward, **options) if isinstance(reward, str) else reward
     try:
         result = aio.run_sync(invoke(plugin.score, response, gold))
     finally:
-        if isinstance(verifier, str) and hasattr(plugin, "aclose"):
+        if isinstance(reward, str) and hasattr(plugin, "aclose"):
             aio.run_sync(plugin.aclose())
     if not isinstance(result, RewardResult):
         raise AssertionError(f"{plugin.name!r}.score returned {type(result).__name__}, not RewardResult")
@@ -147,7 +147,7 @@ def make_group(
 ) -> list[Summary]:
     """A group of summaries, one per reward; each other field is one value for all or a sequence, one per item::
 
-        make_group([1, 1, 0, 0], tool_errors=[0, 2, 0, 1], turns=3)
+    make_group([1, 1, 0, 0], tool_errors=[0, 2, 0, 1], turns=3)
     """
     n = len(rewards)
 
@@ -159,8 +159,12 @@ def make_group(
         return list(value)
 
     columns = zip(
-        rewards, each(tool_calls, "tool_calls"), each(tool_errors, "tool_errors"),
-        each(answer_blocks, "answer_blocks"), each(turns, "turns"), strict=True,
+        rewards,
+        each(tool_calls, "tool_calls"),
+        each(tool_errors, "tool_errors"),
+        each(answer_blocks, "answer_blocks"),
+        each(turns, "turns"),
+        strict=True,
     )
     return [Summary(float(r), c, e, b, t) for r, c, e, b, t in columns]
 

@@ -19,6 +19,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from pydantic import BaseModel
+
 from rstar_env.trajectory import ToolResult
 
 
@@ -36,19 +38,56 @@ class EpisodeContext:
 
 @runtime_checkable
 class Tool(Protocol):
-    """A tool plugin. ``call`` is ``async def`` or plain ``def`` (run in a thread). Optional: ``close(episode)``
-    (per-episode cleanup, also either kind), ``call_timeout_s`` (a lower time limit than the env's),
-    ``options_model`` (see :mod:`rstar_env.plugin`) and ``async def aclose()`` (release what the instance holds
-    when the env that built it closes)."""
+    """A tool plugin. ``call`` is ``async def`` or plain ``def`` (run in a thread).
+
+    Optional members (not part of this protocol's ``isinstance`` check):
+
+    - ``close(episode) -> None``, ``async def`` or plain ``def``: release what the tool kept for one episode.
+      Called once per episode, for every tool of the env, when the episode ends or the env is reset or closed
+      before it ends; under the tool's time limit. What it raises is logged as a warning and otherwise ignored.
+
+      Args:
+          episode: the :class:`EpisodeContext` of the episode that ended (the one ``call`` was given).
+
+    - ``call_timeout_s: float``: a lower time limit than the env's ``tool_timeout_s`` (a tool can only lower it).
+    - ``options_model``: a pydantic model (or dataclass) of the constructor's options, checked when a config loads
+      (see :mod:`rstar_env.plugins`).
+    - ``async def aclose() -> None``: release what the instance holds (a pool, a client) when the env that built it
+      closes.
+    """
 
     name: ClassVar[str] | str
+    """The name the model calls the tool by and configs name it by; equal to the schema's function name."""
     schema: dict[str, Any]
+    """The OpenAI function schema shown to the model (:func:`tool_schema` derives it from an arguments model)."""
 
-    def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> Awaitable[ToolResult] | ToolResult: ...
+    def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> Awaitable[ToolResult] | ToolResult:
+        """Run one tool call of the model.
+
+        Runs under the env's ``tool_timeout_s`` (or the tool's lower ``call_timeout_s``): past it the call is
+        cancelled (a plain ``def`` keeps its thread until it returns) and answered with a ``timeout`` error.
+
+        Args:
+            arguments: the call's arguments, already checked against ``schema`` (required fields present, JSON
+                types right; unknown keys refused when the schema says ``additionalProperties: false``).
+            episode: the episode that makes the call; key per-episode state by ``episode.episode_id`` or keep it
+                in ``episode.state``: one instance serves many episodes at once.
+
+        Returns:
+            A :class:`ToolResult`: ``text`` is what the model reads; ``error`` is ``None`` on success, or the kind
+            of failure (``exception`` for a call the tool refuses, ``timeout``, ``crash``, ``output_limit``).
+            Tool errors are counted from ``error``, never from the text.
+
+        Raises:
+            Nothing, ideally. An exception is caught by the env and answered as a ``crash`` tool result, so a bug in
+            a tool never ends the episode; return ``ToolResult("Error: ...", "exception")`` for the model's mistakes.
+        """
+        ...
 
 
 def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    """An OpenAI function-tool schema."""
+    """An OpenAI function-tool schema from JSON Schema ``properties`` written by hand (see :func:`tool_schema` to
+    derive them from an arguments model)."""
     return {
         "type": "function",
         "function": {
@@ -57,6 +96,77 @@ def function_schema(name: str, description: str, properties: dict[str, Any], req
             "parameters": {"type": "object", "properties": properties, "required": required},
         },
     }
+
+
+def tool_schema(name: str, description: str, arguments: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAI function-tool schema of a tool whose arguments are the fields of the pydantic model ``arguments``.
+
+    Written in the class body, after ``name``, the tool's name is written once::
+
+        class Arguments(BaseModel):
+            expression: str = Field(description="e.g. (3 + 4) * 2")
+
+        class Calculator:
+            name = "calculator"
+            schema = tool_schema(name, "Evaluate an arithmetic expression.", Arguments)
+
+    A field without a default is a required argument. The schema is what the model reads in its system prompt, so
+    it is kept to what the model needs: pydantic's ``title`` and ``default`` are left out (an omitted optional
+    argument gets its default from the tool), ``type`` and ``description`` come first, and ``X | None`` reads as
+    ``"type": ["x", "null"]``. ``extra="forbid"`` on the model becomes ``additionalProperties: false``, which the
+    env enforces (:func:`validate_arguments`).
+
+    Args:
+        name: the tool's name, as the model calls it (the plugin's ``name``).
+        description: what the tool does, for the model.
+        arguments: a pydantic model, one field per argument.
+
+    Returns:
+        ``{"type": "function", "function": {"name", "description", "parameters"}}``, as :func:`function_schema`.
+    """
+    generated = arguments.model_json_schema()
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {key: _tidy(value) for key, value in generated.get("properties", {}).items()},
+        "required": list(generated.get("required", [])),
+    }
+    if "additionalProperties" in generated:
+        parameters["additionalProperties"] = _tidy(generated["additionalProperties"])
+    if "$defs" in generated:  # nested models, referenced from the properties
+        parameters["$defs"] = {key: _tidy(value) for key, value in generated["$defs"].items()}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+# JSON Schema keywords whose value is a schema, a list of schemas, or a mapping of names to schemas.
+_SUBSCHEMA = ("items", "additionalProperties", "not")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "patternProperties")
+
+
+def _tidy(schema: Any) -> Any:
+    """A pydantic-generated JSON Schema as a model should read it (see :func:`tool_schema`)."""
+    if not isinstance(schema, dict):
+        return schema
+    alternatives = schema.get("anyOf")
+    if (
+        isinstance(alternatives, list)
+        and alternatives
+        and all(isinstance(a, dict) and set(a) == {"type"} and isinstance(a["type"], str) for a in alternatives)
+    ):  # int | None -> {"type": ["integer", "null"]}
+        schema = {"type": [a["type"] for a in alternatives], **{k: v for k, v in schema.items() if k != "anyOf"}}
+    tidy: dict[str, Any] = {key: schema[key] for key in ("type", "description") if key in schema}
+    for key, value in schema.items():
+        if key in tidy or key in ("title", "default"):
+            continue
+        if key in _SUBSCHEMA:
+            tidy[key] = _tidy(value)
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            tidy[key] = [_tidy(v) for v in value]
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            tidy[key] = {k: _tidy(v) for k, v in value.items()}
+        else:
+            tidy[key] = value
+    return tidy
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -108,8 +218,10 @@ def schema_problem(schema: Any, name: Any) -> str | None:
     name a property, and the whole schema JSON-serialisable (it is shown to the model).
     """
     if not isinstance(schema, dict):
-        return (f"schema must be a dict (an OpenAI function tool, e.g. from rstar_env.tool.function_schema), "
-                f"got {type(schema).__name__}")
+        return (
+            f"schema must be a dict (an OpenAI function tool, e.g. from rstar_env.tool.function_schema), "
+            f"got {type(schema).__name__}"
+        )
     if schema.get("type") != "function":
         return f"schema['type'] must be 'function', got {schema.get('type')!r}"
     function = schema.get("function")

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rstar_env.format import answer_blocks
-from rstar_env.outcomes import TOOL_ERROR_KINDS
+from rstar_env.outcomes import TOOL_ERROR_KINDS, ToolErrorKind
 
-ToolErrorKind = Literal["exception", "timeout", "bad_call", "crash", "output_limit"]
-"""Why a tool call failed. ``bad_call``: malformed JSON, unknown tool or invalid arguments. The other names are the
-sandbox's statuses (:mod:`rstar_env.outcomes`): one vocabulary from the sandbox to the trajectory."""
+# ToolErrorKind: why a tool call failed. ``bad_call``: malformed JSON, unknown tool or invalid arguments; the other
+# names are the sandbox's statuses (rstar_env.outcomes): one vocabulary from the sandbox to the trajectory.
 
 EndReason = Literal["answer", "max_turns", "length", "action_too_long", "time_limit", "env_error", "policy_error"]
 """Why an episode ended.
@@ -27,14 +26,12 @@ EndReason = Literal["answer", "max_turns", "length", "action_too_long", "time_li
 The model's own ends, all scored by the env's rules: ``answer`` (an action with no tool call), ``max_turns``,
 ``length`` (the response outgrew its budget), ``action_too_long`` (one action over ``max_action_chars``) and
 ``time_limit`` (cut by a wrapper such as gymnasium's ``TimeLimit``). The system's failures, never scored:
-``env_error`` (the env, a tool plugin or the verifier failed) and ``policy_error`` (generation failed).
+``env_error`` (the env, a tool plugin or the reward plugin failed) and ``policy_error`` (generation failed).
 """
 
 SYSTEM_FAILURES: tuple[str, ...] = ("env_error", "policy_error")
 """End reasons that are failures of the system, not of the model: recorded and counted, never scored, never
 trained on, and run again when an evaluation resumes."""
-
-
 
 
 @dataclass
@@ -45,9 +42,14 @@ class ToolResult:
     """
 
     text: str
+    """What the model reads, inside ``<tool_response>``; the env cuts nothing, so the tool bounds its size."""
     error: ToolErrorKind | None = None
+    """``None`` on success, else why the call failed: ``exception`` (the code raised, or the tool refused the
+    arguments), ``timeout``, ``crash``, ``output_limit``; ``bad_call`` is the env's (a malformed call)."""
     duration_s: float = field(default=0.0, compare=False)
+    """Seconds the call took, as the tool measured it (the env fills it in when left 0)."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth keeping in the trajectory (JSON-serialisable), e.g. the sandbox's status."""
 
     def __post_init__(self) -> None:
         if self.error is not None and self.error not in TOOL_ERROR_KINDS:
@@ -124,11 +126,14 @@ class Turn:
 
 @dataclass
 class RewardResult:
-    """A verifier's verdict: the reward, the answer it extracted (``None`` if none), and why."""
+    """A reward plugin's verdict: the reward, the answer it extracted (``None`` if none), and why."""
 
     reward: float
+    """The score: 1.0 / 0.0 for correctness, or any float for a shaped reward."""
     extracted: str | None = None
+    """The answer read from the response, as the plugin understood it; ``None`` when it found none."""
     reason: str = ""
+    """A short, stable code for why (``exact``, ``mismatch``, ``no_answer``, ``timeout``...), for counting."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,7 +211,7 @@ class Trajectory:
 
     @property
     def final_answer(self) -> str | None:
-        """The answer the verifier extracted, if any."""
+        """The answer the reward plugin extracted, if any."""
         return self.reward_result.extracted if self.reward_result else None
 
     @property

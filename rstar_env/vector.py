@@ -1,9 +1,9 @@
-"""``MathToolVectorEnv``: N episodes stepped concurrently, sharing one set of tools and one verifier.
+"""``MathToolVectorEnv``: N episodes stepped concurrently, sharing one set of tools and one reward plugin.
 
     >>> vec = gymnasium.make_vec("rstar_env/MathTool-v0", num_envs=16,
     ...                          vectorization_mode="vector_entry_point", tools=["python"])   # doctest: +SKIP
 
-A ``step`` runs every sub-env's ``astep`` at once on the shared sandbox pool and verifier, so sixteen episodes
+A ``step`` runs every sub-env's ``astep`` at once on the shared sandbox pool and reward plugin, so sixteen episodes
 whose tool calls each sleep 0.5 s take about 0.5 s, not 8 s.
 
 ``reset(seed=..., options=...)`` takes two option keys, and refuses any other:

@@ -12,11 +12,12 @@ gives back what they hide:
 It is not part of the registration: gymnasium's ``make_vec`` refuses a registered ``additional_wrappers`` in its
 ``vector_entry_point`` mode, which is this env's fast vector path.
 
-**Step limits.** Gymnasium's ``TimeLimit`` truncates from the outside: the env never learns of it, so the step it
-cuts is not scored. The env scores a step limit it is told about: ``max_episode_steps`` as an env option (every
-episode), or ``reset(options={..., "max_episode_steps": n})`` (one episode). :class:`ScoredTimeLimit` is a
-``TimeLimit`` that tells it so at each reset, and :class:`EnvAPI` does the same for the gymnasium ``TimeLimit`` that
-``gym.make(..., max_episode_steps=n)`` puts under it (read from its public ``spec``).
+**Step limits.** The env scores the step that a step limit cuts, like the turn limit (``end_reason``
+``time_limit``). It knows of a limit given as ``max_episode_steps`` to the env (every episode), in
+``reset(options={..., "max_episode_steps": n})`` (one episode), or to ``gym.make(..., max_episode_steps=n)`` (the env
+finds the ``TimeLimit`` that ``make`` put around it). A gymnasium ``TimeLimit`` a user wraps around an env by hand
+truncates from the outside, unscored: use :class:`ScoredTimeLimit` there, a ``TimeLimit`` that tells the env at each
+reset. :class:`EnvAPI` does the same for the ``TimeLimit`` layers under it (read from their public ``spec``).
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ class ScoredTimeLimit(gymnasium.wrappers.TimeLimit):
         super().__init__(env, max_episode_steps)
         self.max_episode_steps = max_episode_steps
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         return super().reset(seed=seed, options=with_step_limit(options, self.max_episode_steps))
 
 
@@ -70,9 +69,7 @@ class EnvAPI(gymnasium.Wrapper, RecordConstructorArgs):
         self._executor: ThreadPoolExecutor | None = None
         self._step_limit = _gymnasium_time_limit_below(env)
 
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         return self.env.reset(seed=seed, options=with_step_limit(options, self._step_limit))
 
     def step(

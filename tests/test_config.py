@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from rstar_env.config import ConfigError, PluginSpec, load_config
@@ -64,3 +66,100 @@ def test_env_keyword_overrides_are_validated(math_env, echo_plugins):
         math_env(tools=["echo"], reward="exact_test", no_such_option=1)
     env = math_env(config={"env": {"max_turns": 2}, "tools": ["echo"], "reward": "exact_test"}, max_length=50)
     assert env.settings.max_turns == 2 and env.settings.max_length == 50
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.tools and cfg.reward.name and cfg.sampler.name
+
+
+def test_shipped_configs_are_found():
+    assert {"quickstart.yaml", "stage1_8k.yaml", "stage1_8k_rstar2.yaml"} <= {p.name for p in CONFIGS}
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (
+            {"sampler": {"name": "roc", "options": {"mode": "bogus"}}},
+            r"sampler\.options\.mode: Input should be 'topk' or 'weighted' \(got 'bogus'\) \(sampler 'roc'\)",
+        ),
+        (
+            {"tools": [{"name": "python", "options": {"timeout_s": -1}}]},
+            r"tools\[0\]\.options\.timeout_s: Input should be greater than 0 \(got -1\) \(tool 'python'\)",
+        ),
+        (
+            {"tools": ["python", {"name": "python_code_with_standard_io", "options": {"max_output_chars": 1}}]},
+            r"tools\[1\]\.options\.max_output_chars: Input should be greater than or equal to 2 \(got 1\)",
+        ),
+        (
+            {"tools": [{"name": "python", "options": {"backend": "docker"}}]},
+            r"tools\[0\]\.options\.backend: unknown sandbox backend 'docker'; "
+            r"choose one of e2b, local, ray, subprocess",
+        ),
+        (
+            {"reward": {"name": "math", "options": {"workers": 0}}},
+            r"reward\.options\.workers: Input should be greater than or equal to 1 \(got 0\)",
+        ),
+        (
+            {"reward": {"name": "math", "options": {"boxes": "first"}}},
+            r"reward\.options\.boxes: Input should be 'final' or 'last' \(got 'first'\)",
+        ),
+        (
+            {"reward": {"name": "format", "options": {"penalty": "sometimes"}}},
+            r"reward\.options\.penalty: Input should be a valid boolean",
+        ),
+        (
+            {"sampler": {"name": "roc", "options": {"no_call_penalty": 1.5}}},
+            r"sampler\.options\.no_call_penalty: Input should be less than or equal to 1 \(got 1\.5\)",
+        ),
+        (
+            {"sampler": {"name": "grpo", "options": {"subsample": "last"}}},
+            r"sampler\.options\.subsample: Input should be 'random' or 'first' \(got 'last'\)",
+        ),
+    ],
+)
+def test_a_builtin_plugins_bad_option_fails_at_load_naming_the_key(config, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(config)
+
+
+def test_plugin_options_are_checked_without_building_the_plugin(monkeypatch):
+    from rstar_plugins.samplers.roc import RoCSampler
+    from rstar_plugins.tools.python import PythonTool
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("load_config built a plugin")
+
+    monkeypatch.setattr(RoCSampler, "__init__", refuse)
+    monkeypatch.setattr(PythonTool, "__init__", refuse)
+    cfg = load_config(
+        {
+            "tools": [{"name": "python", "options": {"timeout_s": 2, "stateful": True}}],
+            "sampler": {"name": "roc", "options": {"mode": "weighted", "eps": 0.1}},
+        }
+    )
+    assert cfg.sampler.options == {"mode": "weighted", "eps": 0.1}  # kept as written, validated apart
+    with pytest.raises(ConfigError, match=r"sampler\.options\.eps: Input should be greater than 0"):
+        load_config({"sampler": {"name": "roc", "options": {"eps": 0}}})
+
+
+def test_every_bad_option_is_listed_one_per_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            {
+                "tools": [{"name": "python", "options": {"timeout_s": 0, "max_output_chars": 10}}],
+                "sampler": {"name": "roc", "options": {"mode": "bogus"}},
+            }
+        )
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid config (dict):"
+    assert [line.strip().split(":")[0] for line in lines[1:]] == [
+        "tools[0].options.timeout_s",
+        "tools[0].options.max_output_chars",
+        "sampler.options.mode",
+    ]

@@ -232,8 +232,13 @@ def test_non_string_fields_are_refused_naming_the_row_and_field():
     with pytest.raises(DataError, match=r"problem's last user message \(field 'prompt'\) is a list"):
         load_dataset([{"prompt": [{"role": "user", "content": ["2 + 2?"]}], "answer": "4"}])
     # Numbers are answers and ids; a one-element list is its element.
-    ds = load_dataset([{"problem": "2 + 2?", "answer": 4, "id": 7}, {"problem": "1/2?", "answer": [0.5]},
-                       {"problem": "6 / 2?", "answer": 3.0}])
+    ds = load_dataset(
+        [
+            {"problem": "2 + 2?", "answer": 4, "id": 7},
+            {"problem": "1/2?", "answer": [0.5]},
+            {"problem": "6 / 2?", "answer": 3.0},
+        ]
+    )
     assert [(p.answer, p.id) for p in ds][:1] == [("4", "7")] and [p.answer for p in ds][1:] == ["0.5", "3"]
     skipped = load_dataset([{"problem": ..., "answer": "1"}, {"problem": "ok?", "answer": "1"}], on_bad_row="skip")
     assert skipped.stats["bad_rows"] == 1 and "Ellipsis" in skipped.bad_rows[0]
@@ -362,24 +367,6 @@ def test_strip_dapo_boilerplate_variants():
     )
     assert strip_dapo_boilerplate(upper) == problem
     assert strip_dapo_boilerplate("Find $f(3)$.") == "Find $f(3)$."
-
-
-def test_former_preset_names_still_work_with_a_warning():
-    import rstar_env.data as data
-    from rstar_env.config import ConfigError, load_config
-
-    rows = [{"problem": "p", "answer": "060"}]
-    with pytest.warns(DeprecationWarning, match=r"load_dataset\(preset=...\) is now load_dataset\(row_format=...\)"):
-        assert load_dataset(rows, preset="aime")[0].answer == "60"
-    with pytest.warns(DeprecationWarning, match=r"rstar_env\.data\.PRESETS is now rstar_env\.data\.ROW_FORMATS"):
-        assert data.PRESETS is ROW_FORMATS
-    with pytest.warns(DeprecationWarning, match=r"rstar_env\.data\.Preset is now rstar_env\.data\.RowFormat"):
-        assert data.Preset is data.RowFormat
-    with pytest.warns(DeprecationWarning, match=r"dataset\.preset is now dataset\.row_format"):
-        spec = load_config({"dataset": {"source": "arithmetic", "preset": "aime"}}).dataset
-    assert spec.row_format == "aime" and "preset" not in spec.model_dump()
-    with pytest.raises(ConfigError, match=r"give row_format only"):
-        load_config({"dataset": {"source": "arithmetic", "preset": "aime", "row_format": "dapo"}})
 
 
 def test_dapo_preset_on_real_row_shape():

@@ -78,8 +78,17 @@ def run_block(block: Block, tmp_path: Path) -> None:
     script.write_text(block.code, encoding="utf-8")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     if tests:
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                   "--rootdir", str(tmp_path), str(script)]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(script),
+        ]
     else:
         command = [sys.executable, str(script)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
@@ -101,8 +110,9 @@ def test_python_example_runs(block, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", [b for b in RUNNABLE if b.marker == "slow"] or [None],
-                         ids=lambda b: b.name if b else "none")
+@pytest.mark.parametrize(
+    "block", [b for b in RUNNABLE if b.marker == "slow"] or [None], ids=lambda b: b.name if b else "none"
+)
 def test_python_example_with_the_real_model_runs(block, tmp_path):
     if block is None:
         pytest.skip("no example needs the real model")
@@ -112,8 +122,10 @@ def test_python_example_with_the_real_model_runs(block, tmp_path):
 
 def test_markers_are_read(tmp_path):
     doc = tmp_path / "doc.md"
-    doc.write_text("```python\nx = 1\n```\n<!-- docs-test: continue -->\n```python\nassert x == 1\n```\n"
-                   "<!-- docs-test: skip (needs a cloud account) -->\n```python\nraise SystemExit(1)\n```\n")
+    doc.write_text(
+        "```python\nx = 1\n```\n<!-- docs-test: continue -->\n```python\nassert x == 1\n```\n"
+        "<!-- docs-test: skip (needs a cloud account) -->\n```python\nraise SystemExit(1)\n```\n"
+    )
     _, chained, skipped = blocks(doc)
     assert chained.code == "x = 1\n\nassert x == 1\n" and chained.marker is None
     assert (skipped.marker, skipped.reason) == ("skip", "needs a cloud account")

@@ -184,8 +184,10 @@ def test_many_episodes_concurrently_through_the_async_api(math_env, echo_plugins
 
     async def run_all():
         return await asyncio.gather(
-            *(aplay(e, [tool_call("echo", text=str(i)), answer(i)], problem="p", answer=str(i))
-              for i, e in enumerate(envs))
+            *(
+                aplay(e, [tool_call("echo", text=str(i)), answer(i)], problem="p", answer=str(i))
+                for i, e in enumerate(envs)
+            )
         )
 
     trajectories = asyncio.run(run_all())

@@ -19,7 +19,7 @@ RIGHT = reply("<answer>\\boxed{7}</answer>")
 
 
 def _summary(output: str) -> dict:
-    summary, _ = json.JSONDecoder().raw_decode(output[output.index("{"):])
+    summary, _ = json.JSONDecoder().raw_decode(output[output.index("{") :])
     return summary
 
 
@@ -42,11 +42,24 @@ def test_an_outage_is_never_scored_and_a_rerun_retries_it(tmp_path, monkeypatch)
     # Retries back off for 10 ms, not seconds: the outage is permanent, only its detection is sped up.
     monkeypatch.setattr(OpenAIPolicy, "_backoff", lambda self, attempt, retry_after: 0.01)
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n"
-                            for i in range(ROWS)))
+    data.write_text(
+        "".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n" for i in range(ROWS))
+    )
     out = tmp_path / "eval.jsonl"
-    args = ["eval", "--served-model", "m", "--dataset", str(data), "--samples", str(SAMPLES), "--out", str(out),
-            "--width", "4", "--json"]
+    args = [
+        "eval",
+        "--served-model",
+        "m",
+        "--dataset",
+        str(data),
+        "--samples",
+        str(SAMPLES),
+        "--out",
+        str(out),
+        "--width",
+        "4",
+        "--json",
+    ]
 
     with ReplayServer([RIGHT] * SERVED, default=disconnect()) as server:
         watcher = _go_down_after_serving(server)

@@ -40,8 +40,15 @@ class OraclePolicy:
 
 def traj(reward: float, calls: list[str | None], final: str, pid: str = "p") -> Trajectory:
     tool_calls = [ToolCall("r", "python", {}, ToolResult("x", e)) for e in calls]
-    return Trajectory(problem=pid, answer="1", id=pid, turns=[Turn("call", tool_calls), Turn(final)], reward=reward,
-                      reward_result=RewardResult(reward), end_reason="answer")
+    return Trajectory(
+        problem=pid,
+        answer="1",
+        id=pid,
+        turns=[Turn("call", tool_calls), Turn(final)],
+        reward=reward,
+        reward_result=RewardResult(reward),
+        end_reason="answer",
+    )
 
 
 def test_pass_at_k_estimator():

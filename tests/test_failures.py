@@ -20,17 +20,17 @@ class RaisingReward:
     name = "raising_test"
 
     async def score(self, response, answer):
-        raise RuntimeError("verifier bug")
+        raise RuntimeError("reward plugin bug")
 
 
-def test_a_verifier_that_raises_ends_the_episode_as_env_error_unscored(math_env, echo_plugins):
+def test_a_reward_that_raises_ends_the_episode_as_env_error_unscored(math_env, echo_plugins):
     env = math_env(tools=["echo"], reward=RaisingReward())
     env.reset(options=PROBLEM)
     obs, reward, terminated, truncated, info = env.step(answer(42))
     traj = info["trajectory"]
     assert (obs, reward, terminated, truncated) == ("", 0.0, False, True)
     assert traj.end_reason == "env_error" and traj.failed and traj.reward_result is None
-    assert "verifier bug" in info["error"] and "raising_test" in traj.error
+    assert "reward plugin bug" in info["error"] and "raising_test" in traj.error
     assert summarize([traj])["pass@1"] is None
 
 

@@ -27,7 +27,7 @@ def test_parse_unclosed_final_call_is_accepted():
 
 def test_parse_errors_say_what_is_wrong():
     bad_json, not_object, no_name, args_list, empty = parse_tool_calls(
-        "<tool_call>{bad</tool_call><tool_call>[1]</tool_call><tool_call>{\"arguments\": {}}</tool_call>"
+        '<tool_call>{bad</tool_call><tool_call>[1]</tool_call><tool_call>{"arguments": {}}</tool_call>'
         '<tool_call>{"name": "p", "arguments": [1]}</tool_call><tool_call>  </tool_call>'
     )
     assert "not valid JSON" in bad_json.error and bad_json.name is None
@@ -112,7 +112,7 @@ def test_oversized_or_unrepresentable_calls_are_bad_calls():
     (call,) = parse_tool_calls(big, max_call_chars=100)
     assert "characters long; the limit is 100" in call.error and call.arguments is None
     huge_int, surrogate = parse_tool_calls(
-        '<tool_call>{"name": "p", "arguments": {"n": 1' + "0" * 5000 + '}}</tool_call>'
+        '<tool_call>{"name": "p", "arguments": {"n": 1' + "0" * 5000 + "}}</tool_call>"
         '<tool_call>{"name": "p", "arguments": {"code": "print(\'\\ud800\')"}}</tool_call>'
     )
     assert "not valid JSON" in huge_int.error and "digits" in huge_int.error

@@ -142,12 +142,30 @@ def test_a_reset_option_limits_that_episode_only(make):
         env.reset(options={**PROBLEM, "max_episode_steps": 0})
 
 
-def test_gymnasiums_own_time_limit_truncates_from_outside_unscored(make):
-    # The env never looks for the wrappers around it: a bare gymnasium TimeLimit cuts without the env knowing.
-    env = make(max_episode_steps=1)
-    env.reset(options=PROBLEM)
-    _, reward, _, truncated, info = env.step(tool_call("echo", text="y") + answer(42))
-    assert (reward, truncated, info["end_reason"]) == (0.0, True, None)
+@pytest.mark.parametrize("limit", [1, 2])
+def test_gym_make_max_episode_steps_is_scored_as_time_limit(make, limit):
+    # The way every gymnasium user limits an episode: the env finds the TimeLimit make put around it, so the step
+    # that TimeLimit cuts is scored by the env's rules, not cut unscored from outside.
+    env = make(max_episode_steps=limit)
+    for _ in range(2):  # a second episode is limited the same way
+        env.reset(options=PROBLEM)
+        assert env.unwrapped.time_limit == limit
+        for _ in range(limit - 1):
+            _, _, _, truncated, info = env.step(tool_call("echo", text="x"))
+            assert not truncated and info["end_reason"] is None
+        _, reward, terminated, truncated, info = env.step(tool_call("echo", text="y") + answer(42))
+        assert (reward, terminated, truncated, info["end_reason"]) == (1.0, False, True, "time_limit")
+        assert info["trajectory"].reward_result.reason == "match"
+    env.close()
+
+
+def test_gym_make_step_limit_and_a_smaller_reset_option(make):
+    env = make(max_episode_steps=3)
+    env.reset(options={**PROBLEM, "max_episode_steps": 1})
+    assert env.unwrapped.time_limit == 1
+    _, _, _, truncated, info = env.step(tool_call("echo", text="x"))
+    assert (truncated, info["end_reason"]) == (True, "time_limit")
+    env.close()
 
 
 def test_async_api_after_a_scored_reset_keeps_the_time_limit(make):

@@ -31,6 +31,36 @@ def env(math_env, echo_plugins):
     return math_env(tools=["echo"], reward="exact_test", max_turns=4)
 
 
+def canned(*contents: str) -> tuple[object, list[dict]]:
+    """An endpoint in process, with no server: an ``httpx.MockTransport`` answering each request with the next
+    content, and the request bodies it got."""
+    import httpx
+
+    sent: list[dict] = []
+    replies = iter(contents)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/chat/completions"):
+            return httpx.Response(404, json={"error": {"message": f"no route {request.url.path}"}})
+        sent.append(
+            {
+                "url": str(request.url),
+                "authorization": request.headers.get("authorization"),
+                **json.loads(request.content),
+            }
+        )
+        message = {"role": "assistant", "content": next(replies)}
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            },
+        )
+
+    return httpx.MockTransport(handle), sent
+
+
 def generate(policy: OpenAIPolicy, requests: list[Request]) -> list[Generation]:
     """One batch on a fresh event loop, closing the policy's connections before the loop ends."""
 
@@ -75,9 +105,13 @@ def ok(text: str) -> ToolResult:
 # -- end to end through MathToolEnv ---------------------------------------------------------------------------------
 def test_recorded_native_tool_calls_drive_an_episode(env):
     with ReplayServer(DATA / "openai_echo_episode.jsonl") as srv:
-        policy = OpenAIPolicy.for_env(env, srv.base_url, "Qwen/Qwen2.5-7B-Instruct",
-                                      sampling=SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=256, seed=7),
-                                      extra_body={"skip_special_tokens": False})
+        policy = OpenAIPolicy.for_env(
+            env,
+            srv.base_url,
+            "Qwen/Qwen2.5-7B-Instruct",
+            sampling=SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=256, seed=7),
+            extra_body={"skip_special_tokens": False},
+        )
         assert isinstance(policy, Policy) and policy.tokenizer is None
         traj, gens = run_episode(env, policy)
 
@@ -97,11 +131,18 @@ def test_recorded_native_tool_calls_drive_an_episode(env):
     assert first["skip_special_tokens"] is False
     assert first["tools"] == [env.tools["echo"].schema]
     # Native tools: the server's template describes them, so the system prompt has no hermes preamble.
-    assert first["messages"] == [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
-                                 {"role": "user", "content": "What is 6 * 7?"}]
+    assert first["messages"] == [
+        {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+        {"role": "user", "content": "What is 6 * 7?"},
+    ]
     assert second["messages"][2:] == [
-        {"role": "assistant", "content": "I will check the product with the echo tool.", "tool_calls": [
-            {"id": "call_0_0", "type": "function", "function": {"name": "echo", "arguments": '{"text": "42"}'}}]},
+        {
+            "role": "assistant",
+            "content": "I will check the product with the echo tool.",
+            "tool_calls": [
+                {"id": "call_0_0", "type": "function", "function": {"name": "echo", "arguments": '{"text": "42"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_0_0", "content": "42"},
     ]
     assert srv.headers[0]["Authorization"].startswith("Bearer ")
@@ -153,16 +194,30 @@ def test_text_mode_sends_no_tools_and_env_rendering(env, server):
 
 # -- message building -----------------------------------------------------------------------------------------------
 def test_messages_for_mixed_calls_keep_order_and_ids():
-    action = ("Two checks." + format_tool_call("echo", {"text": "a"}) + "\n<tool_call>\n{oops\n</tool_call>\n"
-              + format_tool_call("echo", {"text": "b"}))
-    turn = Turn(action=action, tool_calls=[
-        ToolCall("x", "echo", {"text": "a"}, ok("a")),
-        ToolCall("\n{oops\n", None, None, ToolResult("Error: bad json", "bad_call")),
-        ToolCall("y", "echo", {"text": "b"}, ok("b")),
-    ])
+    action = (
+        "Two checks."
+        + format_tool_call("echo", {"text": "a"})
+        + "\n<tool_call>\n{oops\n</tool_call>\n"
+        + format_tool_call("echo", {"text": "b"})
+    )
+    turn = Turn(
+        action=action,
+        tool_calls=[
+            ToolCall("x", "echo", {"text": "a"}, ok("a")),
+            ToolCall("\n{oops\n", None, None, ToolResult("Error: bad json", "bad_call")),
+            ToolCall("y", "echo", {"text": "b"}, ok("b")),
+        ],
+    )
     policy = OpenAIPolicy("http://127.0.0.1:9/v1", "m", system_prompt="SYS")
-    messages = policy.build_messages(traj_with(turn, Turn(action="again" + format_tool_call("echo", {"text": "c"}),
-                                                          tool_calls=[ToolCall("z", "echo", {"text": "c"}, ok("c"))])))
+    messages = policy.build_messages(
+        traj_with(
+            turn,
+            Turn(
+                action="again" + format_tool_call("echo", {"text": "c"}),
+                tool_calls=[ToolCall("z", "echo", {"text": "c"}, ok("c"))],
+            ),
+        )
+    )
     assert messages[:2] == [{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6 * 7?"}]
     assert messages[2]["content"] == "Two checks.\n<tool_call>\n{oops\n</tool_call>"
     assert [c["id"] for c in messages[2]["tool_calls"]] == ["call_0_0", "call_0_2"]
@@ -178,13 +233,16 @@ def test_messages_for_mixed_calls_keep_order_and_ids():
 
 def test_text_mode_messages_are_verbatim():
     action = "think " + format_tool_call("echo", {"text": "a"}) + format_tool_call("echo", {"text": "b"})
-    turn = Turn(action=action, tool_calls=[ToolCall("", "echo", {"text": "a"}, ok("A")),
-                                           ToolCall("", "echo", {"text": "b"}, ok("B"))])
+    turn = Turn(
+        action=action,
+        tool_calls=[ToolCall("", "echo", {"text": "a"}, ok("A")), ToolCall("", "echo", {"text": "b"}, ok("B"))],
+    )
     policy = OpenAIPolicy("http://127.0.0.1:9/v1", "m", native_tools=False)
     messages = policy.build_messages(traj_with(turn))
-    assert messages[2:] == [{"role": "assistant", "content": action},
-                            {"role": "user", "content": "<tool_response>\nA\n</tool_response>\n"
-                                                        "<tool_response>\nB\n</tool_response>"}]
+    assert messages[2:] == [
+        {"role": "assistant", "content": action},
+        {"role": "user", "content": "<tool_response>\nA\n</tool_response>\n<tool_response>\nB\n</tool_response>"},
+    ]
 
 
 def test_response_parsing():
@@ -196,12 +254,22 @@ def test_response_parsing():
     # A stop string that cut "</tool_call>" still reads as a tool call.
     gen = OpenAIPolicy.parse_response(payload({"content": '<tool_call>\n{"name": "echo"'}))
     assert gen.finish_reason == "tool_call"
-    gen = OpenAIPolicy.parse_response(payload({"content": None, "tool_calls": [
-        {"id": "1", "type": "function", "function": {"name": "echo", "arguments": ""}}]}, "tool_calls"))
+    gen = OpenAIPolicy.parse_response(
+        payload(
+            {
+                "content": None,
+                "tool_calls": [{"id": "1", "type": "function", "function": {"name": "echo", "arguments": ""}}],
+            },
+            "tool_calls",
+        )
+    )
     assert gen.text == format_tool_call("echo", {}) and gen.finish_reason == "tool_call"
     gen = OpenAIPolicy.parse_response(payload({"content": "ok", "reasoning_content": "hmm"}, "abort"))
     assert (gen.finish_reason, gen.metadata["finish_reason_raw"], gen.metadata["reasoning_content"]) == (
-        "stop", "abort", "hmm")
+        "stop",
+        "abort",
+        "hmm",
+    )
 
 
 # -- failures ---------------------------------------------------------------------------------------------------------
@@ -256,10 +324,15 @@ def test_timeout_gives_up(server):
 
 
 def test_strict_server_rejects_unanswered_tool_calls():
-    messages = [{"role": "user", "content": "q"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "a", "type": "function", "function": {"name": "echo", "arguments": "{}"}}]},
-                {"role": "user", "content": "next"}]
+    messages = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "echo", "arguments": "{}"}}],
+        },
+        {"role": "user", "content": "next"},
+    ]
     assert "not answered" in validate_messages(messages)
     assert "no preceding tool call" in validate_messages([{"role": "tool", "tool_call_id": "z", "content": ""}])
 
@@ -292,8 +365,13 @@ def test_for_env_accepts_wrapped_and_vector_envs(echo_plugins):
     import rstar_env  # noqa: F401  (registers the env ids)
 
     env = gymnasium.make("rstar_env/MathTool-v0", tools=["echo"], reward="exact_test")
-    vec = gymnasium.make_vec("rstar_env/MathTool-v0", num_envs=2, vectorization_mode="vector_entry_point",
-                             tools=["echo"], reward="exact_test")
+    vec = gymnasium.make_vec(
+        "rstar_env/MathTool-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        tools=["echo"],
+        reward="exact_test",
+    )
     try:
         for e in (env, vec):
             policy = OpenAIPolicy.for_env(e, "http://127.0.0.1:9/v1", "m")
@@ -316,15 +394,38 @@ def test_invalid_settings_are_rejected():
         OpenAIPolicy("http://127.0.0.1:9/v1", "m", max_concurrency=0)
 
 
-def test_a_request_s_own_seed_is_sent_whatever_the_order(server):
+def test_a_request_s_own_seed_is_sent_whatever_the_order():
     """The collector's per-request seed goes to the server as is (vLLM seeds that request alone), so a rerun that
     sends the requests in another order asks for the same draws; requests without one fall back to seed + n."""
-    server.add(*(reply(f"r{i}") for i in range(5)))
-    policy = OpenAIPolicy(server.base_url, "m", sampling=SamplingParams(seed=7), **FAST)
+    transport, sent = canned(*(f"r{i}" for i in range(5)))
+    policy = OpenAIPolicy("http://endpoint.test/v1", "m", sampling=SamplingParams(seed=7), transport=transport, **FAST)
     traj = Trajectory(problem="What is 6 * 7?", answer="42")
     generate(policy, [Request(traj, seed=123456789012345), Request(traj, seed=5)])
     generate(policy, [Request(traj, seed=5), Request(traj, seed=123456789012345), Request(traj)])
-    seeds = [r["seed"] for r in server.requests]
+    seeds = [r["seed"] for r in sent]
     # Concurrent requests reach the server in any order: compare the sets each call sent.
     assert sorted(seeds[:2]) == [5, 123456789012345]
     assert sorted(seeds[2:]) == [5, 7 + 4, 123456789012345]  # no seed of its own: the policy's seed + n
+
+
+def test_a_transport_carries_the_requests_with_no_server():
+    transport, sent = canned("The answer is \\boxed{42}.")
+    policy = OpenAIPolicy("http://endpoint.test/v1", "m", api_key="k", transport=transport)
+    [gen] = generate(policy, [Request(traj_with())])
+    assert (gen.text, gen.finish_reason, gen.metadata["completion_tokens"]) == ("The answer is \\boxed{42}.", "stop", 1)
+    assert sent[0]["url"] == "http://endpoint.test/v1/chat/completions" and sent[0]["authorization"] == "Bearer k"
+    assert sent[0]["model"] == "m" and sent[0]["messages"][-1]["content"] == "What is 6 * 7?"
+
+
+def test_endpoint_policy_sends_generations_and_metrics_through_the_transport(env):
+    from rstar_env.rollout.dispatch import endpoint_policy
+
+    transport, sent = canned("first", "second")
+    policy = endpoint_policy(env, ["http://a.test/v1", "http://b.test/v1"], "m", transport=transport)
+    gens = generate(policy, [Request(traj_with()), Request(traj_with())])
+    assert sorted(g.text for g in gens) == ["first", "second"] and len(sent) == 2
+    assert {r["url"] for r in sent} <= {"http://a.test/v1/chat/completions", "http://b.test/v1/chat/completions"}
+    # The metrics were read through the transport too: its 404, not a failed connection to a.test.
+    assert [e["metrics_error"] for e in policy.stats()] == [
+        f"http://{h}.test/metrics is not served (404): no live KV metrics" for h in "ab"
+    ]

@@ -63,8 +63,7 @@ def run_config(tools=("echo",), **trainer: Any):
             "env": {"max_turns": 3, "system_prompt": "Solve it. Answer in <answer>\\boxed{}</answer>."},
             "tools": list(tools),
             "reward": "exact_test",
-            "trainer": {"backend": "openrlhf", "max_prompt_tokens": 1024, "max_response_tokens": 256,
-                        **trainer},
+            "trainer": {"backend": "openrlhf", "max_prompt_tokens": 1024, "max_response_tokens": 256, **trainer},
         }
     )
 
@@ -80,8 +79,9 @@ def make_script(tokenizer, turns: dict[int, str]):
 
 def sampling(testing, logprobs=None):
     # What OpenRLHF's SamplesGenerator builds; logprobs=1 is what it asks for with off-policy correction on.
-    return testing.StubSamplingParams(temperature=1.0, top_p=1.0, max_tokens=None, min_tokens=1,
-                                      skip_special_tokens=False, logprobs=logprobs)
+    return testing.StubSamplingParams(
+        temperature=1.0, top_p=1.0, max_tokens=None, min_tokens=1, skip_special_tokens=False, logprobs=logprobs
+    )
 
 
 def experience_of(result):
@@ -150,8 +150,10 @@ def test_tool_turn_is_masked_and_rewards_and_logs_arrive(smollm2, plugins, agent
     assert 0 < s1 < e1 < s2 < e2 == len(obs)
     action1, feedback, action2 = (tokenizer.decode(obs[a:b]) for a, b in ((s1, e1), (e1, s2), (s2, e2)))
     assert action1 == TOOL_CALL and action2 == ANSWER
-    assert feedback == "<|im_end|>\n<|im_start|>user\n<tool_response>\nforty-two\n</tool_response><|im_end|>\n" \
-                       "<|im_start|>assistant\n"
+    assert (
+        feedback == "<|im_end|>\n<|im_start|>user\n<tool_response>\nforty-two\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
     # OpenRLHF's own mask: exactly the generated ids, never the tool output.
     exp = experience_of(result)
@@ -202,8 +204,10 @@ def test_real_model_episodes_run_concurrently_without_blocking_the_loop(smollm2,
         beat = asyncio.create_task(heartbeat())
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(executor.execute(f"What is {i} + 1?", str(i + 1), sampling(testing), 2048, tokenizer, engine)
-              for i in range(2))
+            *(
+                executor.execute(f"What is {i} + 1?", str(i + 1), sampling(testing), 2048, tokenizer, engine)
+                for i in range(2)
+            )
         )
         elapsed = time.perf_counter() - start
         stop.set()

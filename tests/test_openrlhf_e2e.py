@@ -54,8 +54,9 @@ ray.shutdown()
 def ray_cluster(tmp_path_factory):
     """A real local Ray cluster with one (declared) GPU: OpenRLHF's actors and placement groups ask for GPUs."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen([sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     address = proc.stdout.readline().strip()
     if not address:
         proc.kill()
@@ -95,8 +96,18 @@ def write_config(tmp_path: Path, model: Path, *, num_episodes: int) -> Path:
 
 def launch(config: Path, address: str, log: Path) -> str:
     """Run what ``rstar-env launch openrlhf`` submits, as Ray's job supervisor would; returns the job's output."""
-    cli = [sys.executable, "-m", "rstar_env.cli", "launch", "openrlhf", "--config", str(config), "--dry-run",
-           "--python", sys.executable]
+    cli = [
+        sys.executable,
+        "-m",
+        "rstar_env.cli",
+        "launch",
+        "openrlhf",
+        "--config",
+        str(config),
+        "--dry-run",
+        "--python",
+        sys.executable,
+    ]
     printed = subprocess.run(cli, check=True, capture_output=True, text=True, cwd=REPO).stdout.strip().splitlines()
     command = shlex.split(printed[-1])
     assert command[:3] == ["ray", "job", "submit"], command
@@ -117,8 +128,9 @@ def launch(config: Path, address: str, log: Path) -> str:
         "PYTHONUNBUFFERED": "1",
     }
     with log.open("w") as out:
-        result = subprocess.run(entrypoint, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT_S,
-                                cwd=config.parent)
+        result = subprocess.run(
+            entrypoint, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT_S, cwd=config.parent
+        )
     text = log.read_text(errors="replace")
     assert result.returncode == 0, f"the job failed ({result.returncode}):\n{text[-6000:]}"
     return text

@@ -102,11 +102,25 @@ def sg(monkeypatch):
 
 def _response(prompt: str, index: int, reward: float):
     obs = [1, 2, 3] + [10 + index] * 5
-    return {"prompt": prompt, "label": "1", "images": None, "mm_train_inputs": None, "reward": reward,
-            "scores": reward, "observation_tokens": obs, "action_ranges": [(3, len(obs))], "rollout_log_probs": None,
-            "truncated": False, "extra_logs": {"num_tool_calls": 1.0, "num_tool_errors": 0.0,
-                                               "num_answer_blocks": 1.0, "num_assistant_turns": 2.0,
-                                               "rollout": float(index)}}
+    return {
+        "prompt": prompt,
+        "label": "1",
+        "images": None,
+        "mm_train_inputs": None,
+        "reward": reward,
+        "scores": reward,
+        "observation_tokens": obs,
+        "action_ranges": [(3, len(obs))],
+        "rollout_log_probs": None,
+        "truncated": False,
+        "extra_logs": {
+            "num_tool_calls": 1.0,
+            "num_tool_errors": 0.0,
+            "num_answer_blocks": 1.0,
+            "num_assistant_turns": 2.0,
+            "rollout": float(index),
+        },
+    }
 
 
 class TimedEngine:
@@ -127,20 +141,31 @@ class TimedEngine:
 def test_roc_generator_feeds_unequal_engines_from_one_queue(sg):
     ours, clock = sg
     G, prompts = 2, 12
-    run = load_config({"sampler": "roc", "trainer": {
-        "backend": "openrlhf", "group_size": G, "oversample": 2, "seed": 0,
-        # 2 prompts in flight per engine: each costs 2G x max_len = 4 x 64 tokens.
-        "engine_capacity_tokens": 2 * 4 * 64}})
+    run = load_config(
+        {
+            "sampler": "roc",
+            "trainer": {
+                "backend": "openrlhf",
+                "group_size": G,
+                "oversample": 2,
+                "seed": 0,
+                # 2 prompts in flight per engine: each costs 2G x max_len = 4 x 64 tokens.
+                "engine_capacity_tokens": 2 * 4 * 64,
+            },
+        }
+    )
     args = SimpleNamespace(
         rollout=SimpleNamespace(batch_size=prompts, n_samples_per_prompt=G, vllm_generate_batch_size=prompts),
-        algo=SimpleNamespace(dynamic_filtering_enable=False, dynamic_filtering_range=(0, 1),
-                             advantage=SimpleNamespace(is_correction_level="off")),
+        algo=SimpleNamespace(
+            dynamic_filtering_enable=False,
+            dynamic_filtering_range=(0, 1),
+            advantage=SimpleNamespace(is_correction_level="off"),
+        ),
         vllm=SimpleNamespace(enable_sleep=False),
     )
     loader = [("src", [f"p{i}"], ["1"], [None]) for i in range(prompts)]
     slow, fast = TimedEngine(clock, 1.0), TimedEngine(clock, 5.0)
-    generator = ours.RocSamplesGenerator(SimpleNamespace(args=args), loader, loader, None, [slow, fast],
-                                         run_config=run)
+    generator = ours.RocSamplesGenerator(SimpleNamespace(args=args), loader, loader, None, [slow, fast], run_config=run)
     samples, _, consumed, _ = generator.generate_samples(max_len=64, temperature=1.0)
     assert consumed == prompts
     # Every prompt's group came back whole (2G rollouts in one request) and RoC kept G of each.

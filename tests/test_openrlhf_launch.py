@@ -59,8 +59,11 @@ def test_stage_datasets_and_models_chain():
     for run in runs.values():
         cfg = trainer_config(run)
         assert (cfg.group_size, cfg.oversample, cfg.lr, cfg.temperature) == (16, 2, 1e-6, 1.0)
-        assert run.sampler.name == "roc" and run.tools[0].options == {"timeout_s": 4, "stateful": False,
-                                                                        "backend": "ray"}
+        assert run.sampler.name == "roc" and run.tools[0].options == {
+            "timeout_s": 4,
+            "stateful": False,
+            "backend": "ray",
+        }
         assert run.env.max_length == cfg.max_response_tokens and 5 <= run.env.max_turns <= 10
 
 
@@ -77,12 +80,15 @@ def test_sft_command_is_accepted_by_openrlhf_and_renders_like_the_env():
     from rstar_env.format import get_chat_format
 
     fmt = get_chat_format("chatml")
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
-                {"role": "assistant", "content": "call"},
-                {"role": "tool", "content": "<tool_response>\n1\n</tool_response>"},
-                {"role": "assistant", "content": "done"}]
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": "<tool_response>\n1\n</tool_response>"},
+        {"role": "assistant", "content": "done"},
+    ]
     rendered = Template(args.data.tokenizer_chat_template).render(messages=messages, add_generation_prompt=False)
-    expected = (fmt.render_prompt("S", "Q") + "call" + fmt.render_feedback("call", ["1"]) + "done" + fmt.turn_end)
+    expected = fmt.render_prompt("S", "Q") + "call" + fmt.render_feedback("call", ["1"]) + "done" + fmt.turn_end
     assert rendered == expected
     prefix = Template(args.data.tokenizer_chat_template).render(messages=messages[:2], add_generation_prompt=True)
     assert prefix == fmt.render_prompt("S", "Q")
@@ -101,8 +107,9 @@ def test_parser_rejects_what_openrlhf_would():
 
 def test_config_errors_name_the_key(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("trainer: {backend: openrlhf, cluster: {actor_num_nodes: 1, actor_gpus_per_node: 8, "
-                    "vllm_num_engines: 2}}\n")
+    path.write_text(
+        "trainer: {backend: openrlhf, cluster: {actor_num_nodes: 1, actor_gpus_per_node: 8, vllm_num_engines: 2}}\n"
+    )
     with pytest.raises(ConfigError, match="colocate_all needs"):
         launch.plan_launch(path)
     path.write_text("env: {max_length: 100}\ntrainer: {backend: openrlhf}\n")
@@ -171,5 +178,7 @@ def test_tested_versions_match_the_constraints_file_and_differences_are_reported
     assert pins == TESTED
     assert version_warnings({**TESTED, "torch": "2.13.0+cpu"}) == []
     warnings = version_warnings({**TESTED, "ray": "2.55.0", "peft": None})
-    assert warnings == ["ray 2.55.0 is installed; the OpenRLHF integration was tested with 2.60.0",
-                        "peft is not installed here (tested: 0.18.1)"]
+    assert warnings == [
+        "ray 2.55.0 is installed; the OpenRLHF integration was tested with 2.60.0",
+        "peft is not installed here (tested: 0.18.1)",
+    ]

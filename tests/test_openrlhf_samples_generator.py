@@ -50,8 +50,9 @@ def response(prompt: str, index: int, reward: float, *, calls: int = 1, errors: 
     from rstar_env.trajectory import Trajectory
 
     obs = [1, 2, 3] + [10 + index] * (5 + index)
-    trajectory = Trajectory(problem=prompt, answer="42", reward=reward, end_reason="answer",
-                            metadata={"rollout": index})
+    trajectory = Trajectory(
+        problem=prompt, answer="42", reward=reward, end_reason="answer", metadata={"rollout": index}
+    )
     return {
         "rstar_trajectory": trajectory.to_dict(),
         "prompt": prompt,
@@ -64,8 +65,13 @@ def response(prompt: str, index: int, reward: float, *, calls: int = 1, errors: 
         "action_ranges": [(3, len(obs))],
         "rollout_log_probs": None,
         "truncated": False,
-        "extra_logs": {"num_tool_calls": float(calls), "num_tool_errors": float(errors),
-                       "num_answer_blocks": float(blocks), "num_assistant_turns": 2.0, "rollout": float(index)},
+        "extra_logs": {
+            "num_tool_calls": float(calls),
+            "num_tool_errors": float(errors),
+            "num_answer_blocks": float(blocks),
+            "num_assistant_turns": 2.0,
+            "rollout": float(index),
+        },
     }
 
 
@@ -94,14 +100,27 @@ class Engine:
 
 def make_generator(sg, tmp_path, *, prompts, refill=False, sampler="roc", oversample=2, ckpt=None):
     ours, _ = sg
-    run = load_config({"sampler": sampler, "trainer": {"backend": "openrlhf", "group_size": G,
-                                                       "oversample": oversample, "refill": refill, "seed": 0,
-                                                       "output_dir": str(tmp_path)}})
+    run = load_config(
+        {
+            "sampler": sampler,
+            "trainer": {
+                "backend": "openrlhf",
+                "group_size": G,
+                "oversample": oversample,
+                "refill": refill,
+                "seed": 0,
+                "output_dir": str(tmp_path),
+            },
+        }
+    )
     args = SimpleNamespace(
         ckpt=SimpleNamespace(path=str(tmp_path / "checkpoints"), load_enable=True) if ckpt else None,
         rollout=SimpleNamespace(batch_size=2, n_samples_per_prompt=G, vllm_generate_batch_size=2),
-        algo=SimpleNamespace(dynamic_filtering_enable=False, dynamic_filtering_range=(0, 1),
-                             advantage=SimpleNamespace(is_correction_level="off")),
+        algo=SimpleNamespace(
+            dynamic_filtering_enable=False,
+            dynamic_filtering_range=(0, 1),
+            advantage=SimpleNamespace(is_correction_level="off"),
+        ),
         vllm=SimpleNamespace(enable_sleep=False),
     )
     loader = [("src", [p], ["42"], [None]) for p in prompts]
@@ -137,8 +156,9 @@ def test_roc_rolls_out_2g_and_keeps_g_per_group(sg, tmp_path):
 
 
 def test_refill_rolls_out_more_prompts_for_dropped_groups(sg, tmp_path):
-    generator, engine = make_generator(sg, tmp_path, prompts=["all-right", "mixed", "all-wrong", "one-right"],
-                                       refill=True)
+    generator, engine = make_generator(
+        sg, tmp_path, prompts=["all-right", "mixed", "all-wrong", "one-right"], refill=True
+    )
     samples, _, consumed, _ = generator.generate_samples(max_len=64)
     assert [p for p, _ in engine.requests] == ["all-right", "mixed", "all-wrong", "one-right"]
     assert consumed == 4 and len(samples) == 2 * G
@@ -244,8 +264,7 @@ def test_a_sampler_with_bad_output_is_named_at_the_first_group(sg):
     info = {"num_tool_calls": 1, "num_tool_errors": 0, "num_answer_blocks": 1, "num_assistant_turns": 1}
     experiences = [SimpleNamespace(prompts=["p"], rewards=float(i % 2), info=info) for i in range(4)]
     with pytest.raises(SamplerError, match=r"sampler 'keep_all_test' returned \[0, 1, 2, 3\] .*4 indices, not 2"):
-        ours.select_groups(experiences, rollouts_per_prompt=4, keep=2, sampler=KeepAll(),
-                           rng=np.random.default_rng(0))
+        ours.select_groups(experiences, rollouts_per_prompt=4, keep=2, sampler=KeepAll(), rng=np.random.default_rng(0))
 
 
 def test_step_statistics_match_the_local_trainer(sg, tmp_path):
@@ -265,8 +284,13 @@ def test_step_statistics_match_the_local_trainer(sg, tmp_path):
     # The same function the local trainer calls, on the same groups and selections.
     from rstar_trainers.openrlhf.samples_generator import _Record
 
-    groups = [[_Record(reward=r, num_tool_calls=1, num_tool_errors=e, num_answer_blocks=1, num_assistant_turns=2)
-               for r, e in GROUPS[p]] for p in ("mixed", "one-right")]
+    groups = [
+        [
+            _Record(reward=r, num_tool_calls=1, num_tool_errors=e, num_answer_blocks=1, num_assistant_turns=2)
+            for r, e in GROUPS[p]
+        ]
+        for p in ("mixed", "one-right")
+    ]
     kept = {p: sorted(int(s.info["rollout"].item()) for s in samples if s.prompts[0] == p) for p in GROUPS}
     assert stats == batch_stats(groups, [kept["mixed"], kept["one-right"]], G, sampler=generator.sampler.inner)
     # Logged through OpenRLHF's info (it logs the batch mean: the same value on every kept sample).

@@ -1,77 +1,60 @@
-"""One vocabulary of outcomes from the sandbox to the tool to the trajectory, and the former names still working."""
+"""One vocabulary of outcomes from the sandbox to the tool to the trajectory: plain strings, spelled in one place."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import pickle
-import warnings
 from typing import Any, get_args
 
 import pytest
 
-from rstar_env.outcomes import DEPRECATED_NAMES, EXEC_STATUSES, TOOL_ERROR_KINDS, Outcome
+from rstar_env import outcomes
+from rstar_env.outcomes import EXEC_STATUSES, OUTCOMES, TOOL_ERROR_KINDS, OutcomeName
 from rstar_env.sandbox import ExecResult, ExecStatus
 from rstar_env.tool import EpisodeContext
 from rstar_env.trajectory import ToolErrorKind, ToolResult
 
 
 def test_one_vocabulary() -> None:
-    # Every way code can fail in a sandbox is a tool error kind of the same name.
-    assert set(EXEC_STATUSES) - {"ok"} <= set(TOOL_ERROR_KINDS)
+    assert OUTCOMES == get_args(OutcomeName) == ("ok", "exception", "timeout", "crash", "output_limit", "bad_call")
+    # A sandbox runs code, it does not parse calls; a tool error is every outcome but success.
+    assert tuple(o for o in OUTCOMES if o != "bad_call") == EXEC_STATUSES
+    assert tuple(o for o in OUTCOMES if o != "ok") == TOOL_ERROR_KINDS
+    # The sandbox's and the trajectory's types are the ones defined in rstar_env.outcomes, not copies.
+    assert ExecStatus is outcomes.ExecStatus and ToolErrorKind is outcomes.ToolErrorKind
     assert get_args(ExecStatus) == EXEC_STATUSES and get_args(ToolErrorKind) == TOOL_ERROR_KINDS
-    assert set(TOOL_ERROR_KINDS) - set(EXEC_STATUSES) == {"bad_call"}
 
 
-def test_statuses_are_the_names_and_plain_comparisons_do_not_warn() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        result = ExecResult("", "boom\n", "exception", "ValueError: boom", 0.1)
-        assert result.status == "exception" and result.status != "crash" and not result.ok
-        assert result.status != "crashed"  # a former name that does not decide the answer does not warn
-        assert isinstance(result.status, str) and str(result.status) == "exception"
-        assert result.message == "ValueError: boom"
-        assert result.to_dict()["status"] == "exception" and type(result.to_dict()["status"]) is str
-        assert {result.status: 1}["exception"] == 1  # hashes as its name
-        assert pickle.loads(pickle.dumps(result)) == result
-        assert dataclasses.replace(result, queue_s=2.0).queue_s == 2.0
+def test_statuses_are_plain_strings() -> None:
+    result = ExecResult("", "boom\n", "exception", "ValueError: boom", 0.1)
+    assert type(result.status) is str and result.status == "exception" and not result.ok
+    assert result.message == "ValueError: boom"
+    assert {result.status: 1}["exception"] == 1  # equality and hashing agree: it is the name itself
+    assert type(result.to_dict()["status"]) is str
+    assert pickle.loads(pickle.dumps(result)) == result
+    assert dataclasses.replace(result, queue_s=2.0).queue_s == 2.0
+    assert ExecResult("1\n", "", "ok").ok
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(DEPRECATED_NAMES.items()))
-def test_former_status_names_still_work_with_a_warning(old: str, new: str) -> None:
-    with pytest.warns(DeprecationWarning, match=rf"status '{old}' is now '{new}'"):
-        result = ExecResult("", "", old, "why")
-    assert str(result.status) == new
-    with pytest.warns(DeprecationWarning, match=rf"'{old}' is now '{new}'"):
-        assert result.status == old  # the old comparison still holds
-    with pytest.warns(DeprecationWarning):
-        assert old == result.status
-    with pytest.warns(DeprecationWarning):
-        assert (result.status, result.message) == (old, "why")
-    with pytest.warns(DeprecationWarning):
-        assert (result.status != old) is False
-    with pytest.warns(DeprecationWarning):
-        assert old in EXEC_STATUSES  # checks against the list of statuses still find the former name
-    assert Outcome(new) == new
+@pytest.mark.parametrize("bad", ["bad_call", "error", "crashed", "crashd", "", "OK"])
+def test_unknown_statuses_are_refused_naming_the_allowed_ones(bad: str) -> None:
+    # "error" and "crashed" were the sandbox's pre-release spellings: refused like any other unknown name.
+    with pytest.raises(ValueError, match=r"ExecResult\.status must be one of \('ok', 'exception', .*got"):
+        ExecResult("", "", bad)
 
 
-def test_former_message_name_still_works_with_a_warning() -> None:
-    with pytest.warns(DeprecationWarning, match=r"ExecResult\(error=...\) is now ExecResult\(message=...\)"):
-        result = ExecResult("", "", "timeout", error="timed out after 1 s")
-    assert result.message == "timed out after 1 s"
-    with pytest.warns(DeprecationWarning, match=r"ExecResult.error is now ExecResult.message"):
-        assert result.error == "timed out after 1 s"
-    with pytest.raises(TypeError, match=r"message= only"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ExecResult("", "", "timeout", "a", error="b")
+def test_unknown_tool_error_kinds_are_refused() -> None:
+    for bad in ("ok", "crashed", "error"):
+        with pytest.raises(ValueError, match=r"ToolResult\.error must be None or one of \('exception', "):
+            ToolResult("x", error=bad)  # type: ignore[arg-type]
+    assert ToolResult("x", error="bad_call").error == "bad_call"
 
 
-def test_unknown_statuses_are_refused() -> None:
-    for bad in ("bad_call", "crashd", "", "OK"):
-        with pytest.raises(ValueError, match=r"ExecResult\.status must be one of"):
-            ExecResult("", "", bad)
-    with pytest.raises(ValueError, match=r"ToolResult\.error must be None or one of"):
-        ToolResult("x", error="crashed")  # a tool error kind was never spelt the sandbox's old way
+def test_the_message_has_one_name() -> None:
+    with pytest.raises(TypeError, match="error"):
+        ExecResult("", "", "timeout", error="timed out")  # type: ignore[call-arg]
+    assert not hasattr(ExecResult("", "", "timeout", "timed out"), "error")
 
 
 class _Scripted:
@@ -93,8 +76,6 @@ def test_the_python_tool_reports_the_sandbox_status_as_its_error_kind(status: st
 
     tool = PythonTool(sandbox=_Scripted(ExecResult("out\n", "", status, None if status == "ok" else "why")))
     episode = EpisodeContext(episode_id="e", problem="p", answer="1")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the product itself uses no former name
-        result = asyncio.run(tool.call({"code": "print('out')"}, episode))
+    result = asyncio.run(tool.call({"code": "print('out')"}, episode))
     assert result.error == (None if status == "ok" else status)
     assert result.metadata["status"] == status and type(result.metadata["status"]) is str

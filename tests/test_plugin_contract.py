@@ -25,7 +25,7 @@ from rstar_env.testing import answer, play, tool_call
 from rstar_env.trajectory import Trajectory
 
 CARELESS = textwrap.dedent(
-    '''
+    """
     import asyncio
 
     from pydantic import BaseModel
@@ -112,7 +112,7 @@ CARELESS = textwrap.dedent(
         name = "raising"
 
         async def score(self, response, answer):
-            raise RuntimeError("my verifier has a bug")
+            raise RuntimeError("my reward plugin has a bug")
 
 
     class Blocking:
@@ -168,18 +168,18 @@ CARELESS = textwrap.dedent(
     @hookimpl
     def rstar_env_samplers():
         return [KeepAll, OutOfRange, KeepShortest]
-    '''
+    """
 )
 
 BROKEN_HOOK = textwrap.dedent(
-    '''
+    """
     from rstar_env.plugins import hookimpl
 
 
     @hookimpl
     def rstar_env_tools():
         raise RuntimeError("cannot build my tool list")
-    '''
+    """
 )
 
 
@@ -202,12 +202,29 @@ def careless(tmp_path_factory):
     registry is rescanned with them installed, as a new process would, and restored afterwards."""
     root = tmp_path_factory.mktemp("dists")
     good = _distribution(root, "careless-plugins", "careless_plugins", CARELESS, {"careless": "careless_plugins"})
-    bad = _distribution(root, "broken-plugins", "broken_plugins", BROKEN_HOOK,
-                        {"missing": "broken_plugins_not_there.rstar", "raising_hook": "broken_plugins"})
+    bad = _distribution(
+        root,
+        "broken-plugins",
+        "broken_plugins",
+        BROKEN_HOOK,
+        {"missing": "broken_plugins_not_there.rstar", "raising_hook": "broken_plugins"},
+    )
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(good), str(bad)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(good),
+            str(bad),
+        ],
         check=True,
     )
     sys.path.insert(0, str(target))
@@ -281,7 +298,7 @@ def test_a_bad_schema_is_refused_naming_the_tool(careless, math_env, name, probl
         math_env(tools=[cls()])
 
 
-# -- 3. a verifier that raises is a system failure, counted --------------------------------------------------------
+# -- 3. a reward plugin that raises is a system failure, counted ---------------------------------------------------
 class ScriptedPolicy:
     """Answers each problem with its gold answer (or ``text``), in one turn."""
 
@@ -302,20 +319,20 @@ class ScriptedPolicy:
 ROWS = [{"id": f"p{i}", "problem": f"{i} + 0 = ?", "answer": f"Ans{i}"} for i in range(3)]
 
 
-def test_a_raising_verifier_ends_as_env_error_and_is_counted(careless, math_env, tmp_path):
+def test_a_raising_reward_ends_as_env_error_and_is_counted(careless, math_env, tmp_path):
     env = math_env(tools=["adder"], reward="raising")
     env.reset(options=PROBLEM)
     _, reward, _, truncated, info = env.step(answer(5))
     traj = info["trajectory"]
     assert truncated and traj.end_reason == "env_error" and traj.reward_result is None and reward == 0.0
-    assert "my verifier has a bug" in info["error"]
+    assert "my reward plugin has a bug" in info["error"]
     summary = asyncio.run(evaluate(ScriptedPolicy(), ROWS, out=tmp_path / "e.jsonl", tools=[], reward="raising"))
     assert summary["env_errors"] == 3 and summary["scored"] == 0
     assert summary["pass@1"] is None and summary["mean_reward"] is None
 
 
 # -- 4. resume is keyed to what scored the records ---------------------------------------------------------------
-def test_resume_rescoring_with_other_verifier_settings_never_reports_stale_scores(careless, tmp_path):
+def test_resume_rescoring_with_other_reward_settings_never_reports_stale_scores(careless, tmp_path):
     out = tmp_path / "eval.jsonl"
     policy = ScriptedPolicy()  # answers each gold answer ("Ans0", ...) as it is written
     run = lambda reward: asyncio.run(evaluate(policy, ROWS, out=out, tools=[], reward=reward))  # noqa: E731
@@ -323,15 +340,15 @@ def test_resume_rescoring_with_other_verifier_settings_never_reports_stale_score
     assert first["pass@1"] == 1.0 and first["resumed"] == 0
     again = run("always_one_careless")
     assert again["resumed"] == 3 and again["rescored_stale"] == 0 and again["pass@1"] == 1.0
-    # Another verifier: every record is run again, and only its scores are reported.
+    # Another reward plugin: every record is run again, and only its scores are reported.
     other = run({"name": "exact_careless", "options": {"case_sensitive": True}})
     assert other["resumed"] == 0 and other["rescored_stale"] == 3 and other["pass@1"] == 1.0
-    # The same verifier with other options is other settings too.
+    # The same reward plugin with other options is other settings too.
     policy.text = "ans0"  # now wrong for every row
     changed = run({"name": "exact_careless", "options": {"case_sensitive": True, "strip": False}})
     assert changed["resumed"] == 0 and changed["rescored_stale"] == 3 and changed["pass@1"] == 0.0
     keys = {tuple(sorted(t.metadata["settings"].items())) for t in read_trajectories(out)}
-    assert len(keys) == 3 and all(dict(k)["verifier"] in ("always_one_careless", "exact_careless") for k in keys)
+    assert len(keys) == 3 and all(dict(k)["reward"] in ("always_one_careless", "exact_careless") for k in keys)
 
 
 # -- 5. sampler output is checked, naming the sampler ----------------------------------------------------------
@@ -404,16 +421,16 @@ def test_a_slow_tool_is_stopped_as_a_timeout_tool_error(careless, math_env):
     assert elapsed < 20  # the tools sleep 30 s each: the limit, not the tool, ended the calls
 
 
-def test_a_blocking_verifier_ends_the_episode_as_reward_timeout(careless, math_env):
+def test_a_blocking_reward_ends_the_episode_as_reward_timeout(careless, math_env):
     env = math_env(tools=[], reward="blocking", reward_timeout_s=0.3)
     env.reset(options=PROBLEM)
     _, reward, _, truncated, info = env.step(answer(5))
     assert truncated and info["end_reason"] == "env_error" and reward == 0.0
-    assert info["error"].startswith("reward_timeout: the 'blocking' verifier did not finish within 0.3 s")
+    assert info["error"].startswith("reward_timeout: the 'blocking' reward plugin did not finish within 0.3 s")
     assert info["trajectory"].reward_result is None
 
 
-def test_a_verifier_that_blocks_the_loop_is_not_scored_either(careless, math_env):
+def test_a_reward_that_blocks_the_loop_is_not_scored_either(careless, math_env):
     env = math_env(tools=[], reward="sync_blocking", reward_timeout_s=0.2)
     env.reset(options=PROBLEM)
     *_, info = env.step(answer(5))
@@ -458,31 +475,47 @@ def test_a_provider_with_a_misspelt_hook_or_a_non_class_is_refused_whole():
     assert "exact" not in plugins_module.get_registry().plugins("reward")
 
 
-def test_eval_exits_1_on_a_raising_verifier_and_reruns_after_a_fix(careless, tmp_path):
+def test_eval_exits_1_on_a_raising_reward_and_reruns_after_a_fix(careless, tmp_path):
     import json
 
     from rstar_env_testkit.replay_server import ReplayServer, reply
 
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n"
-                            for i in range(3)))
+    data.write_text(
+        "".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n" for i in range(3))
+    )
     out = tmp_path / "eval.jsonl"
 
     def run(reward: str):
         config = tmp_path / f"{reward}.yaml"
         config.write_text(f"tools: []\nreward: {reward}\n")
         with ReplayServer([], default=reply("<answer>\\boxed{7}</answer>")) as server:
-            result = CliRunner().invoke(main, ["eval", "--served-model", "m", "--dataset", str(data), "--out", str(out),
-                                               "--config", str(config), "--json", "--endpoint", server.base_url])
-        summary, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+            result = CliRunner().invoke(
+                main,
+                [
+                    "eval",
+                    "--served-model",
+                    "m",
+                    "--dataset",
+                    str(data),
+                    "--out",
+                    str(out),
+                    "--config",
+                    str(config),
+                    "--json",
+                    "--endpoint",
+                    server.base_url,
+                ],
+            )
+        summary, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{") :])
         return result, summary
 
     result, summary = run("raising")
     assert result.exit_code == 1 and summary["env_errors"] == 3 and summary["pass@1"] is None
-    result, summary = run("exact_careless")  # the verifier fixed: the failed episodes run again, and are scored
+    result, summary = run("exact_careless")  # the reward plugin fixed: the failed episodes run again, and are scored
     assert result.exit_code == 0 and summary["env_errors"] == 0 and summary["pass@1"] == 1.0
     assert summary["resumed"] == 0 and summary["scored"] == 3
-    result, summary = run("always_one_careless")  # another verifier: nothing of the last run is reported as current
+    result, summary = run("always_one_careless")  # another reward: nothing of the last run is reported as current
     assert result.exit_code == 0 and summary["rescored_stale"] == 3 and summary["resumed"] == 0
     assert "were run again" in " ".join(result.output.split())
 

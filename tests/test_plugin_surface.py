@@ -27,6 +27,7 @@ from rstar_env.plugin import (
     register,
     unregister,
 )
+from rstar_env.runtime import runtime
 from rstar_env.testing import answer, make_env, play, tool_call
 
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
@@ -47,10 +48,27 @@ def registered():
 
 
 def test_one_import_place_has_what_a_plugin_author_needs():
-    for name in ("hookimpl", "register", "load_tool", "load_reward", "load_sampler", "Tool", "Reward", "Sampler",
-                 "ToolResult", "RewardResult", "EpisodeContext", "function_schema", "TrajectorySummary",
-                 "PluginError", "invoke"):
+    for name in (
+        "hookimpl",
+        "register",
+        "load_tool",
+        "load_reward",
+        "load_sampler",
+        "Tool",
+        "Reward",
+        "Sampler",
+        "ToolResult",
+        "RewardResult",
+        "EpisodeContext",
+        "function_schema",
+        "TrajectorySummary",
+        "PluginError",
+        "invoke",
+        "extract_answer",
+    ):
         assert hasattr(plugin, name), name
+        assert name in plugin.__all__, name
+    assert plugin.extract_answer("<answer>so \\boxed{42}.</answer>") == "42"  # how a verifier reads an answer
     # The old places still work and are the same objects.
     from rstar_env.plugins import hookimpl
     from rstar_env.tool import EpisodeContext as OldContext
@@ -204,6 +222,7 @@ class BlockingAsyncTool:
 
 def test_the_watchdog_names_a_plugin_that_blocks_the_loop(registered, echo_plugins, caplog):
     registered(BlockingAsyncTool)
+    runtime().watchdog.reset()  # warned once per plugin: forget an earlier warning about this one
     watchdog.configure(0.3)
     env = make_env(tools=["blocker"], reward="exact_test")
     try:
@@ -214,6 +233,6 @@ def test_the_watchdog_names_a_plugin_that_blocks_the_loop(registered, echo_plugi
         env.close()
         watchdog.configure(2.0)
     messages = [r.getMessage() for r in caplog.records if r.name == "rstar_env.watchdog"]
-    assert any("tool 'blocker' call is blocking it" in m for m in messages), messages
+    assert any("the tool 'blocker' plugin blocks the rstar-env event loop" in m for m in messages), messages
     totals = [i for i in watchdog.incidents() if i.task == "tool 'blocker' call" and not i.ongoing]
     assert totals and 0.9 < totals[-1].seconds < 3.0, totals

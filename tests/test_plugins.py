@@ -5,15 +5,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
+from rstar_env.config import ConfigError, load_config
 from rstar_env.plugins import PluginError, PluginRegistry, get_registry, list_plugins, load_tool, register, unregister
 from rstar_env.testing import answer, play, tool_call
+from rstar_env.tool import function_schema, schema_problem, tool_schema, validate_arguments
+from rstar_env.trajectory import ToolResult
 
 PKG_PLUGIN = textwrap.dedent(
-    '''
+    """
     from rstar_env.plugins import hookimpl
     from rstar_env.tool import function_schema
     from rstar_env.trajectory import RewardResult, ToolResult
@@ -45,7 +49,7 @@ PKG_PLUGIN = textwrap.dedent(
     @hookimpl
     def rstar_env_rewards():
         return [Always]
-    '''
+    """
 )
 
 
@@ -55,8 +59,9 @@ def installed_package(tmp_path_factory):
     src = tmp_path_factory.mktemp("src")
     (src / "shout_plugin").mkdir()
     (src / "shout_plugin" / "__init__.py").write_text(PKG_PLUGIN)
-    (src / "pyproject.toml").write_text(textwrap.dedent(
-        """
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent(
+            """
         [build-system]
         requires = ["setuptools>=61"]
         build-backend = "setuptools.build_meta"
@@ -68,11 +73,23 @@ def installed_package(tmp_path_factory):
         [project.entry-points.rstar_env]
         shout = "shout_plugin"
         """
-    ))
+        )
+    )
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(src)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(src),
+        ],
         check=True,
     )
     sys.path.insert(0, str(target))
@@ -170,3 +187,110 @@ def test_hookimpl_objects_register_too():
     finally:
         unregister(provider)
     assert "first_k" not in get_registry().plugins("sampler")
+
+
+class _EchoArguments(BaseModel):
+    text: str
+
+
+class _Clock(Protocol):  # not runtime-checkable: pydantic cannot check it, so the parameter accepts anything
+    def now(self) -> float: ...
+
+
+class TypedTool:
+    """A third-party tool with a plain keyword constructor and no options model."""
+
+    name: ClassVar[str] = "typed_tool"
+    schema: ClassVar[dict[str, Any]] = tool_schema(name, "Echo.", _EchoArguments)
+
+    def __init__(
+        self, timeout: float = 1.0, label=None, *, retries: int = 0, clock: _Clock | None = None, **extra: Any
+    ) -> None:
+        self.timeout, self.label, self.retries, self.clock, self.extra = timeout, label, retries, clock, extra
+
+    def call(self, arguments: dict[str, Any], episode: Any) -> ToolResult:
+        return ToolResult(arguments["text"])
+
+
+class StrictTool(TypedTool):
+    name: ClassVar[str] = "strict_tool"
+    schema: ClassVar[dict[str, Any]] = tool_schema(name, "Echo.", _EchoArguments)
+
+    def __init__(self, timeout: float = 1.0) -> None:  # no **kwargs: unknown keys are refused
+        super().__init__(timeout)
+
+
+@pytest.fixture
+def typed_tools():
+    register(TypedTool)
+    register(StrictTool)
+    yield
+    unregister(TypedTool)
+    unregister(StrictTool)
+
+
+def test_a_plain_constructors_options_are_validated_by_its_annotations_at_load(typed_tools):
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.options\.timeout: Input should be a valid number.*'abc'"):
+        load_config({"tools": [{"name": "typed_tool", "options": {"timeout": "abc"}}]})
+    with pytest.raises(ConfigError, match=r"tools\[1\]\.options\.retries: Input should be a valid integer"):
+        load_config({"tools": ["python", {"name": "typed_tool", "options": {"retries": 1.5}}]})
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.options: .*rejects options \['colour'\]"):
+        load_config({"tools": [{"name": "strict_tool", "options": {"colour": "red"}}]})
+    # Unannotated and uncheckable parameters accept anything; **extra accepts unknown keys.
+    load_config({"tools": [{"name": "typed_tool", "options": {"label": [1, 2], "clock": "any", "colour": "red"}}]})
+
+
+def test_a_plain_constructor_gets_its_options_converted_by_type(typed_tools):
+    tool = load_tool("typed_tool", timeout="2.5", retries="3", label=7, colour="red")
+    assert (tool.timeout, tool.retries, tool.label, tool.extra) == (2.5, 3, 7, {"colour": "red"})
+    with pytest.raises(PluginError, match=r"tool 'typed_tool' .* rejects its options: timeout: Input should be"):
+        load_tool("typed_tool", timeout=[1])
+
+
+class _CalcArguments(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expression: str = Field(description="e.g. 1 + 2")
+    precision: int | None = Field(None, description="digits")
+
+
+def test_tool_schema_is_derived_from_an_arguments_model_and_checked_as_written_by_hand():
+    schema = tool_schema("calc", "Evaluate.", _CalcArguments)
+    assert schema == {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Evaluate.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "expression": {"type": "string", "description": "e.g. 1 + 2"},
+                    "precision": {"type": ["integer", "null"], "description": "digits"},
+                },
+                "required": ["expression"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    assert schema_problem(schema, "calc") is None
+    assert tool_schema("t", "d", _EchoArguments) == function_schema("t", "d", {"text": {"type": "string"}}, ["text"])
+    assert validate_arguments(schema, {"expression": "1"}) is None
+    assert validate_arguments(schema, {"expression": "1", "precision": None}) is None
+    assert validate_arguments(schema, {}) == "missing required argument(s): expression"
+    assert validate_arguments(schema, {"expression": 1}) == "argument 'expression' must be of type string, got int"
+    wrong = validate_arguments(schema, {"expression": "1", "precision": "2"})
+    assert wrong == "argument 'precision' must be of type integer or null, got str"
+    assert "unknown argument(s): colour" in validate_arguments(schema, {"expression": "1", "colour": 1})
+
+
+def test_the_env_checks_arguments_against_a_derived_schema(typed_tools, math_env):
+    env = math_env(tools=["typed_tool"], reward="format")
+    traj = play(
+        env,
+        [tool_call("typed_tool"), tool_call("typed_tool", text=3), tool_call("typed_tool", text="hi"), answer("x")],
+        problem="p",
+        answer="x",
+    )
+    calls = [turn.tool_calls[0] for turn in traj.turns[:3]]
+    assert [c.error for c in calls] == ["bad_call", "bad_call", None]
+    assert "missing required argument(s): text" in calls[0].result.text and calls[2].result.text == "hi"

@@ -123,7 +123,11 @@ def test_make_accepts_the_preset_like_any_option() -> None:
         s = env.settings
         assert (s.preset, s.max_turns, s.max_tool_calls_per_turn, s.chat_format) == ("rstar2", 5, 1, "rstar2")
         assert (s.extra_tool_calls, s.tools_on_last_turn, s.score_truncated, s.scored_text) == (
-            "ignore", False, True, "all_actions")
+            "ignore",
+            False,
+            True,
+            "all_actions",
+        )
         assert env.config.sampler.options == {"turn_count": "after_first"}
         assert env.chat_format.prefill == "<reason>"
     finally:
@@ -132,7 +136,10 @@ def test_make_accepts_the_preset_like_any_option() -> None:
     env = MathToolEnv(config=load_config({"env": {"max_tool_calls_per_turn": 2}}), preset="rstar2")
     try:
         assert (env.settings.max_turns, env.settings.max_tool_calls_per_turn, list(env.tools)) == (
-            5, 2, ["python_code_with_standard_io"])
+            5,
+            2,
+            ["python_code_with_standard_io"],
+        )
         check_env(env, skip_render_check=True)
     finally:
         env.close()
@@ -145,8 +152,9 @@ def test_make_accepts_the_preset_like_any_option() -> None:
 
 
 def test_preset_under_a_config_and_a_clear_error_for_an_unknown_one() -> None:
-    cfg = load_config({"env": {"preset": "rstar2", "max_length": 100},
-                       "sampler": {"name": "roc", "options": {"mode": "weighted"}}})
+    cfg = load_config(
+        {"env": {"preset": "rstar2", "max_length": 100}, "sampler": {"name": "roc", "options": {"mode": "weighted"}}}
+    )
     assert (cfg.env.max_turns, cfg.env.max_length) == (5, 100)
     assert cfg.sampler.options == {"turn_count": "after_first", "mode": "weighted"}  # options merge, config's win
     assert load_config(cfg) == cfg and load_config(cfg.model_dump()) == cfg  # a resolved config stays the same
@@ -219,7 +227,7 @@ def test_golden_episode_tokens(smollm2) -> None:
     for turn, feedback in zip(traj.turns, (FEEDBACK_1, FEEDBACK_2), strict=False):
         reference = encode(GOLDEN_SYSTEM_NO_TOOLS + feedback)
         assert reference[: len(system)] == system
-        assert turn.feedback_token_ids == reference[len(system):]
+        assert turn.feedback_token_ids == reference[len(system) :]
     sequence = list(traj.prompt_token_ids)
     for turn in traj.turns:
         sequence += turn.action_token_ids + (turn.feedback_token_ids or [])
@@ -254,8 +262,12 @@ def test_five_turns_and_the_last_turns_calls_are_not_run() -> None:
     try:
         env.reset(options=PROBLEM)
         # The answer comes early, in a turn that also calls the tool; the reference scores the whole response.
-        steps = [env.step(f"Turn {i}. " + ("<answer>\\boxed{42}</answer> " if i == 1 else "") + call(f"print({i})")
-                          + "<|im_end|>") for i in range(5)]
+        steps = [
+            env.step(
+                f"Turn {i}. " + ("<answer>\\boxed{42}</answer> " if i == 1 else "") + call(f"print({i})") + "<|im_end|>"
+            )
+            for i in range(5)
+        ]
     finally:
         env.close()
     assert [s[2] or s[3] for s in steps] == [False] * 4 + [True]
@@ -306,8 +318,12 @@ def test_reference_turn_regex_counts_what_after_first_counts() -> None:
 
 # -- the tool on the real sandbox -----------------------------------------------------------------------------------
 def test_tool_response_format_on_the_local_sandbox() -> None:
-    env = gym.make("rstar_env/MathTool-v0", preset="rstar2", max_turns=6,
-                   tools=[{"name": "python_code_with_standard_io", "options": {"timeout_s": 1}}]).unwrapped
+    env = gym.make(
+        "rstar_env/MathTool-v0",
+        preset="rstar2",
+        max_turns=6,
+        tools=[{"name": "python_code_with_standard_io", "options": {"timeout_s": 1}}],
+    ).unwrapped
     time_line = r"execution time: \d+\.\d\ds"
     try:
         env.reset(options=PROBLEM)
@@ -315,10 +331,19 @@ def test_tool_response_format_on_the_local_sandbox() -> None:
             ("print(input()[::-1])", "olleh", rf"^Tool call success\nstdout: hello\n\n{time_line}$", None),
             ("print('no error here')", "", rf"^Tool call success\nstdout: no error here\n\n{time_line}$", None),
             ("x = 2\nx ** 10", "", rf"^Tool call success\nstdout: 1024\n\n{time_line}$", None),
-            ("1 / 0", "", rf"^Tool call failure\nreason: \nstderr: Traceback .*ZeroDivisionError: division by "
-                          rf"zero\n\n{time_line}$", "exception"),
-            ("import time\ntime.sleep(30)", "", rf"^Tool call failure\nreason: worker_timeout\n{time_line}$",
-             "timeout"),
+            (
+                "1 / 0",
+                "",
+                rf"^Tool call failure\nreason: \nstderr: Traceback .*ZeroDivisionError: division by "
+                rf"zero\n\n{time_line}$",
+                "exception",
+            ),
+            (
+                "import time\ntime.sleep(30)",
+                "",
+                rf"^Tool call failure\nreason: worker_timeout\n{time_line}$",
+                "timeout",
+            ),
         ]
         for code, stdin, pattern, error in cases:
             env.step(call(code, stdin) + "<|im_end|>")

@@ -13,6 +13,7 @@ from rstar_trainers.local.progress import (
     RL_LEGEND,
     SFT_COLUMNS,
     RunProgress,
+    StepTable,
     held_out_line,
     summary_lines,
     table_header,
@@ -68,10 +69,38 @@ def test_terminal_progress_prints_rows_above_the_bars():
     assert "row one" in buffer.getvalue()
 
 
+def test_a_step_table_prints_its_header_with_its_first_row_and_once():
+    """The header used to go out at the trainer's start, with model loading and held-out lines before any row."""
+    console, buffer = log_console()
+    with RunProgress(console, every_s=3600) as progress:
+        table = StepTable(progress, RL_COLUMNS, legend=RL_LEGEND)
+        progress.print("loading the model")
+        progress.update("eval", 4, 4, "held-out episodes")
+        assert buffer.getvalue().count(table_header(RL_COLUMNS)[0]) == 0
+        table.add({"step": 1, "reward": 0.5})
+        table.add({"step": 2, "reward": 0.75})
+    lines = buffer.getvalue().splitlines()
+    start = lines.index(table_header(RL_COLUMNS)[0])
+    assert lines[start : start + 3] == [*table_header(RL_COLUMNS), RL_LEGEND]
+    assert lines[start + 3] == table_row(RL_COLUMNS, {"step": 1, "reward": 0.5})
+    assert lines[start + 4].split()[:2] == ["2", "0.750"] and len(lines) == start + 5
+    assert lines[:2] == ["loading the model", "held-out episodes: 4/4 (0 s)"]
+
+
 def test_tables_fit_100_columns_with_honest_headers():
-    metrics = {"step": 12, "reward": 0.4375, "accuracy": 0.4375, "tool_calls_per_trajectory": 1.25,
-               "tool_error_ratio": 0.1234, "tool_error_ratio_correct": float("nan"), "groups_kept": 3.0,
-               "response_tokens": 187.5, "loss": -0.0123456, "grad_norm": 1.234, "time/step_s": 83.2}
+    metrics = {
+        "step": 12,
+        "reward": 0.4375,
+        "accuracy": 0.4375,
+        "tool_calls_per_trajectory": 1.25,
+        "tool_error_ratio": 0.1234,
+        "tool_error_ratio_correct": float("nan"),
+        "groups_kept": 3.0,
+        "response_tokens": 187.5,
+        "loss": -0.0123456,
+        "grad_norm": 1.234,
+        "time/step_s": 83.2,
+    }
     for columns in (RL_COLUMNS, SFT_COLUMNS):
         header = table_header(columns)
         row = table_row(columns, metrics | {"lr": 2e-4, "train/trained_tokens": 5120.0})
@@ -84,16 +113,30 @@ def test_tables_fit_100_columns_with_honest_headers():
 
 
 def test_summary_says_where_things_are_and_before_after():
-    lines = summary_lines(model="runs/q/model", run_dir="runs/q", eval_before={"pass@1": 0.25, "tool_call_share": 0.5},
-                          eval_after={"pass@1": 0.5, "tool_call_share": 0.75}, eval_path="runs/q/eval.json",
-                          seconds=780, peak_gib=3.5, steps=8, sft_model="runs/q/sft/model")
+    lines = summary_lines(
+        model="runs/q/model",
+        run_dir="runs/q",
+        eval_before={"pass@1": 0.25, "tool_call_share": 0.5},
+        eval_after={"pass@1": 0.5, "tool_call_share": 0.75},
+        eval_path="runs/q/eval.json",
+        seconds=780,
+        peak_gib=3.5,
+        steps=8,
+        sft_model="runs/q/sft/model",
+    )
     text = "\n".join(lines)
     assert "runs/q/model" in text and "runs/q/sft/model" in text and "runs/q/eval.json" in text
     assert "  pass@1                       0.250   0.500" in text
     assert "total time 13.0 min" in text and "peak memory 3.50 GiB" in text
     assert max(len(line) for line in lines) <= 100
-    worst = {"pass@1": 0.123456, "tool_call_share": 0.87654, "answer_format_share": 0.7777,
-             "tool_calls_per_trajectory": 12.345, "tool_error_ratio": 0.14286, "episodes": 32.0}
+    worst = {
+        "pass@1": 0.123456,
+        "tool_call_share": 0.87654,
+        "answer_format_share": 0.7777,
+        "tool_calls_per_trajectory": 12.345,
+        "tool_error_ratio": 0.14286,
+        "episodes": 32.0,
+    }
     assert len(held_out_line("held-out before RL", worst)) <= 100
 
 
@@ -107,16 +150,36 @@ def test_train_shows_progress_the_table_and_the_summary(tmp_path):
     from rstar_env.cli import main
 
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"problem": f"What is {n} + {n}?", "answer": str(2 * n), "id": f"p{n}"}) + "\n"
-                            for n in range(1, 5)))
+    rows.write_text(
+        "".join(
+            json.dumps({"problem": f"What is {n} + {n}?", "answer": str(2 * n), "id": f"p{n}"}) + "\n"
+            for n in range(1, 5)
+        )
+    )
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({
-        "env": {"max_turns": 1}, "tools": [], "reward": {"name": "math", "options": {"last_number": True}},
-        "dataset": str(rows),
-        "trainer": {"output_dir": str(tmp_path / "run"), "steps": 1, "prompts_per_step": 1, "group_size": 2,
-                    "oversample": 1, "max_new_tokens": 6, "max_response_tokens": 12, "tensorboard": False,
-                    "eval_dataset": str(rows), "eval_at_start": True, "keep_checkpoints": "none"},
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "env": {"max_turns": 1},
+                "tools": [],
+                "reward": {"name": "math", "options": {"last_number": True}},
+                "dataset": str(rows),
+                "trainer": {
+                    "output_dir": str(tmp_path / "run"),
+                    "steps": 1,
+                    "prompts_per_step": 1,
+                    "group_size": 2,
+                    "oversample": 1,
+                    "max_new_tokens": 6,
+                    "max_response_tokens": 12,
+                    "tensorboard": False,
+                    "eval_dataset": str(rows),
+                    "eval_at_start": True,
+                    "keep_checkpoints": "none",
+                },
+            }
+        )
+    )
     result = CliRunner().invoke(main, ["train", "--config", str(config)])
     assert result.exit_code == 0, result.output
     out = result.output
@@ -124,12 +187,18 @@ def test_train_shows_progress_the_table_and_the_summary(tmp_path):
     lines = out.splitlines()
     # A path is as long as it is; a third-party library's log line (deepspeed's accelerator notice) is not ours.
     # The loop watchdog's warning (a loaded machine can stall the shared loop) is a log line, not the table's.
-    wide = [line for line in lines if len(line) > 100 and str(tmp_path) not in line and not line.startswith("[")
-            and "rstar-env event loop" not in line]
+    wide = [
+        line
+        for line in lines
+        if len(line) > 100
+        and str(tmp_path) not in line
+        and not line.startswith("[")
+        and "rstar-env event loop" not in line
+    ]
     assert not wide, wide
     header = table_header(RL_COLUMNS)
-    row = lines[lines.index(RL_LEGEND) + 1:]
-    assert header[0] in lines and any(line.split()[:1] == ["1"] for line in row)
+    start = lines.index(header[0])  # the header goes out with the first row, not at the trainer's start
+    assert lines[start + 1 : start + 3] == [header[1], RL_LEGEND] and lines[start + 3].split()[:1] == ["1"]
     assert f"model:            {tmp_path / 'run' / 'model'}" in out
     assert f"held-out report:  {tmp_path / 'run' / 'eval.json'}" in out
     assert "before" in out and "after" in out and "peak memory" in out and "total time" in out
@@ -161,6 +230,7 @@ def test_saving_a_model_draws_no_library_bar(tmp_path, capfd, tiny_llama):
     from transformers.utils import logging as hf_logging
 
     from rstar_trainers.local.checkpoint import save_pretrained
+
     model, tokenizer = tiny_llama
     capfd.readouterr()
     path = save_pretrained(model, tokenizer, tmp_path)

@@ -98,5 +98,24 @@ def test_truncate_middle():
 
 
 def test_bad_tool_options_are_errors():
-    with pytest.raises(ValueError, match="timeout_s must be positive"):
+    with pytest.raises(ValueError, match=r"timeout_s: Input should be greater than 0 \(got 0\)"):
         PythonTool(timeout_s=0)
+    with pytest.raises(ValueError, match=r"max_output_chars: Input should be greater than or equal to 64"):
+        PythonTool(max_output_chars=10)
+    with pytest.raises(ValueError, match=r"backend: unknown sandbox backend 'docker'; choose one of e2b, local"):
+        PythonTool(backend="docker")
+    with pytest.raises(TypeError, match=r"'timeout': no such option; the options are .*timeout_s"):
+        PythonTool(timeout=2)
+
+
+def test_options_model_and_keywords_build_the_same_tool():
+    from rstar_plugins.tools.python import PythonOptions
+
+    by_model = PythonTool(PythonOptions(stateful=True, timeout_s=2))
+    by_keywords = PythonTool(stateful=True, timeout_s=2)
+    assert by_model.options == by_keywords.options and by_model.schema == by_keywords.schema
+    assert (by_keywords.stateful, by_keywords.timeout_s) == (True, 2.0)
+    # Keywords override the model's values, and are validated as well.
+    assert PythonTool(PythonOptions(timeout_s=2), timeout_s=3).timeout_s == 3.0
+    with pytest.raises(ValueError, match="timeout_s"):
+        PythonTool(PythonOptions(timeout_s=2), timeout_s=-3)

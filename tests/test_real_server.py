@@ -39,9 +39,26 @@ class Served:
         self.log = log
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, "serve", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-             "--device", "cpu", "--log-level", "info"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-c",
+                _SERVE,
+                "serve",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--device",
+                "cpu",
+                "--log-level",
+                "info",
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
     @property
     def base_url(self) -> str:
@@ -97,13 +114,28 @@ def _eval(tmp_path: Path, model: Path, endpoints: list[str], problems: int) -> t
     from rstar_env.cli import main
 
     out = tmp_path / "eval.jsonl"
-    args = ["eval", "--served-model", str(model), "--dataset", f"arithmetic:n={problems},seed=0", "--out", str(out),
-            "--text-tools", "--max-new-tokens", "12", "--max-turns", "1", "--width", "4", "--json"]
+    args = [
+        "eval",
+        "--served-model",
+        str(model),
+        "--dataset",
+        f"arithmetic:n={problems},seed=0",
+        "--out",
+        str(out),
+        "--text-tools",
+        "--max-new-tokens",
+        "12",
+        "--max-turns",
+        "1",
+        "--width",
+        "4",
+        "--json",
+    ]
     for url in endpoints:
         args += ["--endpoint", url]
     result = CliRunner().invoke(main, args)
     assert "{" in result.output, result.output
-    summary, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    summary, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{") :])
     return result.exit_code, summary, out
 
 

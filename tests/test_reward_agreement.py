@@ -30,6 +30,10 @@ def test_the_labelled_set_is_well_formed() -> None:
     heldout = load_cases(split="heldout")
     assert {c["source"] for c in heldout} == {"mv", "qwen", "verl", "proj"}
     assert {c["expected"] for c in heldout} == {0, 1}
+    # Round 2 (issue 34): cases from Math-Verify's tests and the Qwen2.5-Math grader's, added after the rules they
+    # measure were written and never used to tune them; all held out.
+    second = [c for c in lines if c.get("round") == 2]
+    assert len(second) >= 80 and all(c["split"] == "heldout" for c in second)
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +53,21 @@ def test_no_false_accept_that_math_verify_avoids(heldout: dict) -> None:
     assert heldout["false_accepts_direct_avoids"] == []
 
 
-@pytest.mark.parametrize(("gold", "pred", "expected"), [
-    ("\\{1,2,3\\}", "\\boxed{1}, \\boxed{2}, \\boxed{3}", 1.0),   # several boxes are one answer
-    ("[1, 2, 3]", "[1, 2, 3]", 1.0),                               # identical free text reads alike
-    ("(1, 2, 3)", "(1, 2, 3)", 1.0),
-    ("1,22", "1.22", 1.0),                                         # a decimal comma, not a pair
-    ("10455", "We try \\boxed{3} and \\boxed{5}; the final answer is $10,455$.", 1.0),
-    ("32349", "32, 349", 0.0),                                     # a list, never one number
-    ("5, 125", "\\boxed{5125}", 0.0),
-    ("346", "\\boxed{0, 346}", 0.0),
-    ("33", "+033", 1.0),
-    ("(0,\\infty)", "x > 0", 1.0),                                 # interval against inequality
-])
+@pytest.mark.parametrize(
+    ("gold", "pred", "expected"),
+    [
+        ("\\{1,2,3\\}", "\\boxed{1}, \\boxed{2}, \\boxed{3}", 1.0),  # several boxes are one answer
+        ("[1, 2, 3]", "[1, 2, 3]", 1.0),  # identical free text reads alike
+        ("(1, 2, 3)", "(1, 2, 3)", 1.0),
+        ("1,22", "1.22", 1.0),  # a decimal comma, not a pair
+        ("10455", "We try \\boxed{3} and \\boxed{5}; the final answer is $10,455$.", 1.0),
+        ("32349", "32, 349", 0.0),  # a list, never one number
+        ("5, 125", "\\boxed{5125}", 0.0),
+        ("346", "\\boxed{0, 346}", 0.0),
+        ("33", "+033", 1.0),
+        ("(0,\\infty)", "x > 0", 1.0),  # interval against inequality
+    ],
+)
 def test_corner_cases_from_the_peer_suites(gold: str, pred: str, expected: float) -> None:
     from rstar_plugins.rewards import MathReward
 

@@ -24,8 +24,25 @@ def test_mixed_pairs_are_the_labelled_set_framed() -> None:
 
 
 def test_bench_json() -> None:
-    result = CliRunner().invoke(command, ["--n-int", "400", "--n-sym", "12", "--n-mix", "24", "--workers", "1",
-                                          "--direct-budget", "0.5", "--rounds", "2", "--no-agreement", "--json"])
+    result = CliRunner().invoke(
+        command,
+        [
+            "--n-int",
+            "400",
+            "--n-sym",
+            "12",
+            "--n-mix",
+            "24",
+            "--workers",
+            "1",
+            "--direct-budget",
+            "0.5",
+            "--rounds",
+            "2",
+            "--no-agreement",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
     assert figures["mixed"]["pairs"] == 24 and "agreement" not in figures
@@ -40,11 +57,23 @@ def test_bench_json() -> None:
 def test_bench_table(monkeypatch) -> None:
     # Rendering only: the figures are canned, the measuring is covered above.
     row = {"pairs": 10, "rstar_env_per_s": 5000.0, "direct_per_s": 100.0, "ratio": 50.0, "reasons": {"exact": 10}}
-    canned = {"cpus": 2, "workers": 2, "load_avg": 1.0, "pool_startup_s": 0.5, "integer": row, "symbolic": row,
-              "mixed": row}
-    agree = {"split": "heldout", "cases": 10, "rows": [], "false_accepts_direct_avoids": [],
-             "rstar_env": {"agree": 10, "false_accepts": [], "false_rejects": []},
-             "direct": {"agree": 8, "false_accepts": ["a"], "false_rejects": ["b"]}}
+    canned = {
+        "cpus": 2,
+        "workers": 2,
+        "load_avg": 1.0,
+        "pool_startup_s": 0.5,
+        "integer": row,
+        "symbolic": row,
+        "mixed": row,
+    }
+    agree = {
+        "split": "heldout",
+        "cases": 10,
+        "rows": [],
+        "false_accepts_direct_avoids": [],
+        "rstar_env": {"agree": 10, "false_accepts": [], "false_rejects": []},
+        "direct": {"agree": 8, "false_accepts": ["a"], "false_rejects": ["b"]},
+    }
     monkeypatch.setattr(bench, "run_bench", lambda **_: canned)
     monkeypatch.setattr(bench, "agreement", lambda *_: dict(agree))
     result = CliRunner().invoke(bench.command, [], terminal_width=160)

@@ -59,8 +59,13 @@ def test_nested_and_spaced_boxes() -> None:
 def test_answer_blocks_match_the_lazy_regex() -> None:
     import re
 
-    texts = ["<answer>a</answer><answer>b</answer>", "<answer><answer>x</answer>", "<answer>no close",
-             "</answer><answer>y</answer>z</answer>", ""]
+    texts = [
+        "<answer>a</answer><answer>b</answer>",
+        "<answer><answer>x</answer>",
+        "<answer>no close",
+        "</answer><answer>y</answer>z</answer>",
+        "",
+    ]
     for text in texts:
         assert answer_blocks(text) == re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
 
@@ -82,8 +87,11 @@ def test_extraction_is_linear(unit: str) -> None:
 
 def test_ten_thousand_unclosed_boxes_score_in_under_a_second() -> None:
     with MathReward(workers=1) as reward:
-        for response in ("\\boxed{" * 10_000, "<answer>" + "\\boxed{" * 10_000 + "</answer>",
-                         "<answer>\\boxed{" * 10_000):
+        for response in (
+            "\\boxed{" * 10_000,
+            "<answer>" + "\\boxed{" * 10_000 + "</answer>",
+            "<answer>\\boxed{" * 10_000,
+        ):
             start = time.perf_counter()
             result = reward.score_sync(response, "42")
             assert time.perf_counter() - start < 1.0

@@ -88,8 +88,12 @@ def test_fast_path_agrees_with_math_verify_on_integer_lists(pair: tuple[str, str
 
 
 def test_lists_are_never_one_number() -> None:
-    for pred, gold in [("32, 349", "32349"), ("\\boxed{5125}", "5, 125"), ("\\boxed{0, 346}", "346"),
-                       ("1, 000", "1000")]:
+    for pred, gold in [
+        ("32, 349", "32349"),
+        ("\\boxed{5125}", "5, 125"),
+        ("\\boxed{0, 346}", "346"),
+        ("1, 000", "1000"),
+    ]:
         assert _REWARD.score_sync(pred if pred.startswith("\\") else f"<answer>{pred}</answer>", gold).reward == 0.0
     assert fast_verdict("7,425,000", "7425000") is True
     assert fast_verdict("1,000", "1000") is True

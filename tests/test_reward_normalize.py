@@ -15,14 +15,42 @@ from rstar_env.data.numbers import Number, compare_numbers, parse_number
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        ("42", 42), ("042", 42), ("-7", -7), ("+5", 5), ("- 5", -5), ("5.", 5), ("5.00", 5), ("{7}", 7),
-        ("1,000", 1000), ("1{,}000", 1000), ("1\\,000", 1000), ("1 000", 1000), ("1,000,000", 10**6),
-        ("\\frac{1}{2}", Fraction(1, 2)), ("\\dfrac{3}{4}", Fraction(3, 4)), ("\\tfrac34", Fraction(3, 4)),
-        ("\\frac12", Fraction(1, 2)), ("\\frac1{2}", Fraction(1, 2)), ("-\\frac{1}{2}", Fraction(-1, 2)),
-        ("\\frac{-1}{2}", Fraction(-1, 2)), ("3/4", Fraction(3, 4)), (".5", Fraction(1, 2)),
-        ("$18.90$", Fraction(189, 10)), ("\\$18.90", Fraction(189, 10)), ("30^\\circ", 30), ("30^{\\circ}", 30),
-        ("45°", 45), ("5\\text{ cm}", 5), ("\\text{5}", 5), ("\\text{6 apples}", 6), ("\\textbf{15}", 15),
-        ("x=5", 5), ("x = -3", -3), ("a_1 = 4", 4), ("\\left. 7 \\right.", 7), ("\u22123", -3),
+        ("42", 42),
+        ("042", 42),
+        ("-7", -7),
+        ("+5", 5),
+        ("- 5", -5),
+        ("5.", 5),
+        ("5.00", 5),
+        ("{7}", 7),
+        ("1,000", 1000),
+        ("1{,}000", 1000),
+        ("1\\,000", 1000),
+        ("1 000", 1000),
+        ("1,000,000", 10**6),
+        ("\\frac{1}{2}", Fraction(1, 2)),
+        ("\\dfrac{3}{4}", Fraction(3, 4)),
+        ("\\tfrac34", Fraction(3, 4)),
+        ("\\frac12", Fraction(1, 2)),
+        ("\\frac1{2}", Fraction(1, 2)),
+        ("-\\frac{1}{2}", Fraction(-1, 2)),
+        ("\\frac{-1}{2}", Fraction(-1, 2)),
+        ("3/4", Fraction(3, 4)),
+        (".5", Fraction(1, 2)),
+        ("$18.90$", Fraction(189, 10)),
+        ("\\$18.90", Fraction(189, 10)),
+        ("30^\\circ", 30),
+        ("30^{\\circ}", 30),
+        ("45°", 45),
+        ("5\\text{ cm}", 5),
+        ("\\text{5}", 5),
+        ("\\text{6 apples}", 6),
+        ("\\textbf{15}", 15),
+        ("x=5", 5),
+        ("x = -3", -3),
+        ("a_1 = 4", 4),
+        ("\\left. 7 \\right.", 7),
+        ("\u22123", -3),
     ],
 )
 def test_reads_as_number(text: str, value: Fraction | int) -> None:
@@ -33,9 +61,27 @@ def test_reads_as_number(text: str, value: Fraction | int) -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "x^2", "2 3", "5\\text{ or }6", "5\\text{ m}^2", "\\text{5 and a half}", "\\text{3 hundred}", "10^6",
-        "\\frac{1}{0}", "1/0", "\\sqrt{2}", "(1,2)", "1,2", "1, 2", "\\{1\\}", "x=5,y=6", "2\\pi", "", "  ",
-        "1" * 100, "5 \\pm 2", "\\pi",
+        "x^2",
+        "2 3",
+        "5\\text{ or }6",
+        "5\\text{ m}^2",
+        "\\text{5 and a half}",
+        "\\text{3 hundred}",
+        "10^6",
+        "\\frac{1}{0}",
+        "1/0",
+        "\\sqrt{2}",
+        "(1,2)",
+        "1,2",
+        "1, 2",
+        "\\{1\\}",
+        "x=5,y=6",
+        "2\\pi",
+        "",
+        "  ",
+        "1" * 100,
+        "5 \\pm 2",
+        "\\pi",
     ],
 )
 def test_not_a_plain_number(text: str) -> None:
@@ -51,12 +97,27 @@ def test_percent_is_flagged() -> None:
 @pytest.mark.parametrize(
     ("pred", "gold", "decided"),
     [
-        ("1/2", "0.5", True), ("0.50", "\\frac{1}{2}", True), ("50\\%", "50", True), ("50\\%", "0.5", True),
-        ("40\\%", "0.5", False), ("12", "21", False), ("\\frac13", "\\frac14", False),
+        ("1/2", "0.5", True),
+        ("0.50", "\\frac{1}{2}", True),
+        ("50\\%", "50", True),
+        ("50\\%", "0.5", True),
+        ("40\\%", "0.5", False),
+        ("12", "21", False),
+        ("\\frac13", "\\frac14", False),
         ("0.1000001", "0.1", False),  # two terminating decimals: a real difference, not a rounding
-        ("1.9999999", "2", False), ("3.5", "3", False),
-        ("0.333333", "\\frac{1}{3}", None),  # may be a rounding of 1/3: math-verify decides
-        ("0.3333", "\\frac{1}{3}", None), ("0.1", "\\frac{1}{3}", False),
+        ("1.9999999", "2", False),
+        ("3.5", "3", False),
+        # A decimal of 4+ significant digits that is the exact gold rounded to the places it states is equal.
+        ("0.333333", "\\frac{1}{3}", True),
+        ("0.3333", "\\frac{1}{3}", True),
+        ("2.6667", "8/3", True),
+        ("0.6667", "2/3", True),
+        ("0.08333", "\\frac{1}{12}", True),
+        ("0.3334", "\\frac{1}{3}", None),  # a wrong rounding, but close: math-verify decides
+        ("0.33", "\\frac{1}{3}", False),
+        ("0.67", "2/3", False),  # too coarse to tell from a wrong answer
+        ("0.2501", "1/4", False),  # a gold with an exact decimal form must be written exactly
+        ("0.1", "\\frac{1}{3}", False),
     ],
 )
 def test_compare_numbers(pred: str, gold: str, decided: bool | None) -> None:
@@ -66,18 +127,22 @@ def test_compare_numbers(pred: str, gold: str, decided: bool | None) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(num=st.integers(-10**6, 10**6), den=st.integers(1, 10**4))
+@given(num=st.integers(-(10**6), 10**6), den=st.integers(1, 10**4))
 def test_fraction_spellings_agree(num: int, den: int) -> None:
     value = Fraction(num, den)
-    spellings = [f"\\frac{{{num}}}{{{den}}}", f"\\dfrac{{{num}}}{{{den}}}", f"{num}/{den}",
-                 f"$\\frac{{{num}}}{{{den}}}$."]
+    spellings = [
+        f"\\frac{{{num}}}{{{den}}}",
+        f"\\dfrac{{{num}}}{{{den}}}",
+        f"{num}/{den}",
+        f"$\\frac{{{num}}}{{{den}}}$.",
+    ]
     parsed = [parse_number(s) for s in spellings]
     assert all(p is not None and p.value == value for p in parsed)
     assert all(compare_numbers(p, parsed[0]) is True for p in parsed if p is not None)
 
 
 @settings(max_examples=200, deadline=None)
-@given(a=st.integers(-10**12, 10**12), b=st.integers(-10**12, 10**12))
+@given(a=st.integers(-(10**12), 10**12), b=st.integers(-(10**12), 10**12))
 def test_integers_decide_exactly(a: int, b: int) -> None:
     pa, pb = parse_number(f"{a:,}" if a % 2 else str(a)), parse_number(str(b))
     assert pa is not None and pb is not None

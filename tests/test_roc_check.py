@@ -12,20 +12,35 @@ from rstar_env.trajectory import ToolCall, ToolResult, Trajectory, Turn
 
 
 def traj(problem: str, reward: float, errors: int, calls: int, sample: int) -> Trajectory:
-    tool_calls = [ToolCall("x", "python", {"code": "x"}, ToolResult("out", error="exception" if i < errors else None))
-                  for i in range(calls)]
-    turns = [Turn(action="<tool_call>...</tool_call>", tool_calls=tool_calls),
-             Turn(action="<answer>\\boxed{1}</answer>")]
-    return Trajectory(problem=problem, answer="1", turns=turns, reward=reward, end_reason="answer", id=problem,
-                      metadata={"sample": sample, "step": 1})
+    tool_calls = [
+        ToolCall("x", "python", {"code": "x"}, ToolResult("out", error="exception" if i < errors else None))
+        for i in range(calls)
+    ]
+    turns = [
+        Turn(action="<tool_call>...</tool_call>", tool_calls=tool_calls),
+        Turn(action="<answer>\\boxed{1}</answer>"),
+    ]
+    return Trajectory(
+        problem=problem,
+        answer="1",
+        turns=turns,
+        reward=reward,
+        end_reason="answer",
+        id=problem,
+        metadata={"sample": sample, "step": 1},
+    )
 
 
 def groups_with_fixable_errors() -> list[list[Trajectory]]:
     """Four mixed groups of 8: 4 positives (2 with one error in 2 calls, 2 clean single calls), 4 negatives."""
     out = []
     for p in range(4):
-        group = [traj(f"p{p}", 1.0, 1, 2, 0), traj(f"p{p}", 1.0, 1, 2, 1), traj(f"p{p}", 1.0, 0, 1, 2),
-                 traj(f"p{p}", 1.0, 0, 1, 3)]
+        group = [
+            traj(f"p{p}", 1.0, 1, 2, 0),
+            traj(f"p{p}", 1.0, 1, 2, 1),
+            traj(f"p{p}", 1.0, 0, 1, 2),
+            traj(f"p{p}", 1.0, 0, 1, 3),
+        ]
         group += [traj(f"p{p}", 0.0, 1, 1, 4 + k) for k in range(4)]
         out.append(group)
     out.append([traj("easy", 1.0, 0, 1, k) for k in range(8)])  # all correct: no signal, not counted
@@ -54,8 +69,9 @@ def test_roc_check_cli_reads_a_run_directory(tmp_path):
         for group in groups_with_fixable_errors():
             for t in group:
                 handle.write(json.dumps({**t.to_dict(), "metadata": t.metadata}) + "\n")
-    result = CliRunner().invoke(main, ["roc-check", str(run), "--keep", "4", "--draws", "50",
-                                       "--json-out", str(tmp_path / "r.json")])
+    result = CliRunner().invoke(
+        main, ["roc-check", str(run), "--keep", "4", "--draws", "50", "--json-out", str(tmp_path / "r.json")]
+    )
     assert result.exit_code == 0, result.output
     assert "GRPO-RoC 0.0000" in result.output and "difference RoC - GRPO: -" in result.output
     assert json.loads((tmp_path / "r.json").read_text())["mixed_groups"] == 4
@@ -67,8 +83,9 @@ def test_logprob_gap_counts_tokens_outside_the_clip_ratio():
     torch = pytest.importorskip("torch")
     from rstar_trainers.local.trainer import Sample, logprob_gap
 
-    sample = Sample(input_ids=[1, 2, 3, 4, 5], action_mask=[0, 0, 1, 1, 1], advantage=1.0,
-                    logprobs=[0.0, 0.0, -1.0, -2.0, -3.0])
+    sample = Sample(
+        input_ids=[1, 2, 3, 4, 5], action_mask=[0, 0, 1, 1, 1], advantage=1.0, logprobs=[0.0, 0.0, -1.0, -2.0, -3.0]
+    )
     # Teacher-forced log-probs of tokens 1..4 (the first is a prompt token, masked out).
     forced = torch.tensor([-9.0, -1.0, -2.1, -3.5])
     gap = logprob_gap([forced], [sample], clip_high=0.28)
@@ -95,15 +112,21 @@ def test_train_and_compare_refuse_a_device_this_machine_lacks(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    for command in (["train", "--config", "configs/roc_effect.yaml"],
-                    ["compare", "--config", "configs/roc_effect.yaml", "--sft-model", str(tmp_path)]):
+    for command in (
+        ["train", "--config", "configs/roc_effect.yaml"],
+        ["compare", "--config", "configs/roc_effect.yaml", "--sft-model", str(tmp_path)],
+    ):
         result = CliRunner().invoke(main, [*command, "--device", "cuda", "--output-dir", str(tmp_path / "o")])
         assert result.exit_code != 0 and "sees no CUDA GPU" in result.output, result.output
-    bad = CliRunner().invoke(main, ["compare", "--config", "configs/roc_effect.yaml", "--sft-model", str(tmp_path),
-                                    "--set", "prompts_per_step"])
+    bad = CliRunner().invoke(
+        main,
+        ["compare", "--config", "configs/roc_effect.yaml", "--sft-model", str(tmp_path), "--set", "prompts_per_step"],
+    )
     assert bad.exit_code != 0 and "--set takes KEY=VALUE" in bad.output
-    unknown = CliRunner().invoke(main, ["compare", "--config", "configs/roc_effect.yaml", "--sft-model",
-                                        str(tmp_path), "--set", "promts_per_step=3"])
+    unknown = CliRunner().invoke(
+        main,
+        ["compare", "--config", "configs/roc_effect.yaml", "--sft-model", str(tmp_path), "--set", "promts_per_step=3"],
+    )
     assert unknown.exit_code != 0 and "promts_per_step" in unknown.output
 
 

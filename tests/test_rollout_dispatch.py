@@ -51,8 +51,9 @@ class StubEngine:
 
 
 def _request(name: str, prompt_tokens: int = 10, max_new: int = 30, episode: str | None = None) -> Request:
-    return Request(Trajectory(problem=name, answer=""), context_ids=[1] * prompt_tokens, max_new_tokens=max_new,
-                   episode=episode)
+    return Request(
+        Trajectory(problem=name, answer=""), context_ids=[1] * prompt_tokens, max_new_tokens=max_new, episode=episode
+    )
 
 
 async def _settle() -> None:
@@ -150,8 +151,9 @@ def test_later_turns_keep_to_the_engine_that_served_the_episode():
 def test_failover_loses_no_request_and_the_dead_engine_is_probed_after_backoff():
     a, b = StubEngine("a"), StubEngine("b")
     a.fail_with = {"error": "connection error (ConnectError: refused)", "retryable": True, "connection_error": True}
-    policy = DispatchPolicy([EngineSpec(a, "a", max_concurrency=4), EngineSpec(b, "b", max_concurrency=4)],
-                            backoff_s=0.05)
+    policy = DispatchPolicy(
+        [EngineSpec(a, "a", max_concurrency=4), EngineSpec(b, "b", max_concurrency=4)], backoff_s=0.05
+    )
 
     async def run():
         tasks = [asyncio.create_task(policy.generate([_request(f"p{i}")])) for i in range(6)]
@@ -176,7 +178,8 @@ def test_failover_loses_no_request_and_the_dead_engine_is_probed_after_backoff()
     assert len(b.served) >= 6
     stats = {s["endpoint"]: s for s in policy.stats()}
     assert stats["a"]["marked_down"] >= 1 and stats["a"]["failed"] == stats["a"]["requests"] - sum(
-        g.metadata["engine"] == "a" for g in later)
+        g.metadata["engine"] == "a" for g in later
+    )
     assert "a" in {g.metadata["engine"] for g in later}
     # The stats add up: every request made either failed somewhere or came back, once.
     total = sum(s["requests"] - s["failed"] for s in stats.values())
@@ -227,8 +230,7 @@ vllm:num_requests_running{engine="0",model_name="m"} 2.0
 
 
 def test_vllm_metrics_are_parsed():
-    assert parse_vllm_metrics(VLLM_METRICS) == {"capacity_tokens": 128, "usage": 0.25, "waiting": 0.0,
-                                                 "running": 2.0}
+    assert parse_vllm_metrics(VLLM_METRICS) == {"capacity_tokens": 128, "usage": 0.25, "waiting": 0.0, "running": 2.0}
     old = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\nnot a metric line\nvllm:cache_config_info{} 1\n'
     assert parse_vllm_metrics(old) == {"usage": 0.5}
     assert metrics_url_for("http://h:8000/v1/") == "http://h:8000/metrics"
@@ -315,10 +317,12 @@ def test_eval_over_two_endpoints_survives_one_dying(tmp_path):
 
     right = reply("<answer>\\boxed{7}</answer>", delay_s=0.02)
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n"
-                            for i in range(20)))
+    data.write_text(
+        "".join(json.dumps({"id": f"q{i}", "problem": f"{i} + 7 - {i}?", "answer": "7"}) + "\n" for i in range(20))
+    )
     out = tmp_path / "eval.jsonl"
     with ReplayServer([], default=right) as alive, ReplayServer([], default=right) as doomed:
+
         def kill() -> None:
             for _ in range(3000):
                 if len(doomed.requests) >= 3:
@@ -328,13 +332,32 @@ def test_eval_over_two_endpoints_survives_one_dying(tmp_path):
 
         killer = threading.Thread(target=kill, daemon=True)
         killer.start()
-        result = CliRunner().invoke(main, [
-            "eval", "--served-model", "m", "--dataset", str(data), "--samples", "2", "--out", str(out),
-            "--width", "8", "--json", "--endpoint", doomed.base_url, "--endpoint", alive.base_url,
-            "--engine-concurrency", "4"])
+        result = CliRunner().invoke(
+            main,
+            [
+                "eval",
+                "--served-model",
+                "m",
+                "--dataset",
+                str(data),
+                "--samples",
+                "2",
+                "--out",
+                str(out),
+                "--width",
+                "8",
+                "--json",
+                "--endpoint",
+                doomed.base_url,
+                "--endpoint",
+                alive.base_url,
+                "--engine-concurrency",
+                "4",
+            ],
+        )
         killer.join(timeout=10)
     assert result.exit_code == 0, result.output
-    summary, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])
+    summary, _ = json.JSONDecoder().raw_decode(result.output[result.output.index("{") :])
     assert summary["episodes"] == 40 and summary["policy_errors"] == 0 and summary["pass@1"] == 1.0
     records = read_trajectories(out)
     assert len(records) == 40 and all(t.end_reason == "answer" for t in records)
@@ -361,6 +384,9 @@ def test_the_shared_admission_rule():
 def test_the_eval_table_shows_one_row_per_engine():
     from rstar_env.rollout.metrics import format_summary_rows
 
-    rows = dict(format_summary_rows({"episodes": 2, "engines": [
-        {"endpoint": "http://a/v1", "requests": 3, "failed": 1, "busy_s": 1.25}]}))
+    rows = dict(
+        format_summary_rows(
+            {"episodes": 2, "engines": [{"endpoint": "http://a/v1", "requests": 3, "failed": 1, "busy_s": 1.25}]}
+        )
+    )
     assert rows["engine http://a/v1"] == "requests 3, failed 1, busy 1.2s"

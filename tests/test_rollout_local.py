@@ -35,8 +35,14 @@ class ScriptedFirstTurn:
         out = []
         for r in requests:
             if r in scripted:
-                out.append(Generation(self.tokenizer.decode(self.first_ids), list(self.first_ids),
-                                      [0.0] * len(self.first_ids), "tool_call"))
+                out.append(
+                    Generation(
+                        self.tokenizer.decode(self.first_ids),
+                        list(self.first_ids),
+                        [0.0] * len(self.first_ids),
+                        "tool_call",
+                    )
+                )
             else:
                 out.append(next(generated))
         return out
@@ -48,18 +54,22 @@ class ScriptedFirstTurn:
 @pytest.fixture
 def policy(smollm2):
     model, tokenizer = smollm2
-    return TransformersPolicy(model, tokenizer=tokenizer, batch_size=4,
-                              sampling=SamplingParams(temperature=1.0, max_new_tokens=24, seed=0))
+    return TransformersPolicy(
+        model, tokenizer=tokenizer, batch_size=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=24, seed=0)
+    )
 
 
 def test_ids_are_exactly_what_the_trainer_scores(policy, echo_plugins):
     action = tool_call("echo", "Let me check.", text="7")
     scripted = ScriptedFirstTurn(policy, action)
     assert scripted.first_ids != policy.tokenizer.encode(action, add_special_tokens=False)
-    rows = [{"problem": "What is 3 + 4?", "answer": "7", "id": "a"}, {"problem": "What is 10 - 2?", "answer": "8",
-                                                                       "id": "b"}]
-    trajectories = asyncio.run(collect(scripted, jobs_for(rows, samples=2), width=4, tools=["echo"],
-                                       reward="exact_test", max_turns=2))
+    rows = [
+        {"problem": "What is 3 + 4?", "answer": "7", "id": "a"},
+        {"problem": "What is 10 - 2?", "answer": "8", "id": "b"},
+    ]
+    trajectories = asyncio.run(
+        collect(scripted, jobs_for(rows, samples=2), width=4, tools=["echo"], reward="exact_test", max_turns=2)
+    )
     assert len(trajectories) == 4
     for traj in trajectories:
         tokens = trajectory_tokens(traj)
@@ -68,8 +78,13 @@ def test_ids_are_exactly_what_the_trainer_scores(policy, echo_plugins):
         assert first.action_token_ids == scripted.first_ids
         assert first.tool_calls[0].result.text == "7"
         # Every context the policy saw is a prefix of the final sequence.
-        seen = [r for r in scripted.requests if r.trajectory.id == traj.id and
-                len(r.trajectory.turns) <= len(traj.turns) and r.trajectory.problem == traj.problem]
+        seen = [
+            r
+            for r in scripted.requests
+            if r.trajectory.id == traj.id
+            and len(r.trajectory.turns) <= len(traj.turns)
+            and r.trajectory.problem == traj.problem
+        ]
         for request in seen:
             assert tokens.input_ids[: len(request.context_ids)] == request.context_ids
         # The mask marks the generated ids and nothing else.
@@ -88,8 +103,9 @@ def test_sampling_logprobs_match_a_teacher_forced_forward(policy, echo_plugins):
     a full forward pass on the final ids gives: the trainer's view and the sampler's view of the tokens agree."""
     rows = [{"problem": p.problem, "answer": p.answer, "id": p.id} for p in generate_problems(2, seed=1)]
     rows[0]["problem"] += " Explain each step in detail, then check your work twice."  # unequal lengths: padding
-    trajectories = asyncio.run(collect(policy, jobs_for(rows, samples=2), width=4, tools=["echo"],
-                                       reward="exact_test", max_turns=1))
+    trajectories = asyncio.run(
+        collect(policy, jobs_for(rows, samples=2), width=4, tools=["echo"], reward="exact_test", max_turns=1)
+    )
     assert trajectories[0].turns[0].action_token_ids != trajectories[1].turns[0].action_token_ids
     model = policy.model
     for traj in trajectories:
@@ -106,8 +122,17 @@ def test_sampling_logprobs_match_a_teacher_forced_forward(policy, echo_plugins):
 
 def test_turn_cap_and_budget_are_respected(policy, echo_plugins):
     rows = [{"problem": "Write a long story about numbers.", "answer": "0", "id": "s"}]
-    (traj,) = asyncio.run(collect(policy, jobs_for(rows), tools=["echo"], reward="exact_test", max_turns=3,
-                                  max_length=10, length_unit="tokens"))
+    (traj,) = asyncio.run(
+        collect(
+            policy,
+            jobs_for(rows),
+            tools=["echo"],
+            reward="exact_test",
+            max_turns=3,
+            max_length=10,
+            length_unit="tokens",
+        )
+    )
     # The budget (10) leaves room for 11 tokens at most in the first turn, so a long answer ends by length.
     assert len(traj.turns[0].action_token_ids) <= 11
     if traj.end_reason == "length":
@@ -161,8 +186,9 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing(smollm2, m
 
     model, tokenizer = smollm2
     system = tokenizer.encode("You are a careful assistant. Solve the problem and show your work. " * 3)
-    contexts = [system + tokenizer.encode(q) for q in ("What is 3 + 4?", "Compute 12 * 11 - 5, then halve it.",
-                                                        "2 + 2?")]
+    contexts = [
+        system + tokenizer.encode(q) for q in ("What is 3 + 4?", "Compute 12 * 11 - 5, then halve it.", "2 + 2?")
+    ]
     assert local._common_prefix_length(contexts) >= len(system) >= local._MIN_SHARED_PREFIX
 
     def run(policy):

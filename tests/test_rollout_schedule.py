@@ -42,14 +42,17 @@ class GatedPolicy:
 
 def test_a_slow_episode_does_not_delay_a_fast_ones_next_turn(echo_plugins):
     policy = GatedPolicy(turns=3)
-    rows = [{"id": "slow", "problem": "slow?", "answer": "1"},
-            {"id": "fast", "problem": "fast?", "answer": "2"},
-            {"id": "next", "problem": "next?", "answer": "3"}]
+    rows = [
+        {"id": "slow", "problem": "slow?", "answer": "1"},
+        {"id": "fast", "problem": "fast?", "answer": "2"},
+        {"id": "next", "problem": "next?", "answer": "3"},
+    ]
 
     async def run():
         done = []
-        async for _job, trajectory in iter_collect(policy, jobs_for(rows), width=2, tools=["echo"],
-                                                  reward="exact_test", max_turns=3):
+        async for _job, trajectory in iter_collect(
+            policy, jobs_for(rows), width=2, tools=["echo"], reward="exact_test", max_turns=3
+        ):
             done.append(trajectory.id)
             if trajectory.id == "next":
                 policy.gate.set()  # only now does the slow episode's first generation return
@@ -67,10 +70,10 @@ def test_collect_keeps_job_order_and_samples(echo_plugins):
     policy = GatedPolicy(turns=2)
     policy.gate.set()
     rows = [{"id": f"p{i}", "problem": f"{i}?", "answer": str(i)} for i in range(3)]
-    trajectories = asyncio.run(collect(policy, jobs_for(rows, samples=2), width=4, tools=["echo"],
-                                       reward="exact_test", max_turns=2))
-    assert [(t.id, t.metadata["sample"]) for t in trajectories] == [
-        (f"p{i}", k) for i in range(3) for k in range(2)]
+    trajectories = asyncio.run(
+        collect(policy, jobs_for(rows, samples=2), width=4, tools=["echo"], reward="exact_test", max_turns=2)
+    )
+    assert [(t.id, t.metadata["sample"]) for t in trajectories] == [(f"p{i}", k) for i in range(3) for k in range(2)]
     assert all(t.reward == 1.0 and len(t.turns) == 2 for t in trajectories)
     assert policy.calls == 12
 
@@ -91,8 +94,9 @@ def test_width_bounds_episodes_in_flight(echo_plugins):
     policy = Counting(turns=2)
     policy.gate.set()
     rows = [{"id": f"p{i}", "problem": f"{i}?", "answer": str(i)} for i in range(7)]
-    trajectories = asyncio.run(collect(policy, jobs_for(rows), width=3, tools=["echo"], reward="exact_test",
-                                       max_turns=2))
+    trajectories = asyncio.run(
+        collect(policy, jobs_for(rows), width=3, tools=["echo"], reward="exact_test", max_turns=2)
+    )
     assert len(trajectories) == 7
     assert peak[0] == 3
 
@@ -121,8 +125,7 @@ def test_failed_generation_ends_only_its_episode(echo_plugins):
     policy = Failing(turns=2)
     policy.gate.set()
     rows = [{"id": "ok", "problem": "1?", "answer": "1"}, {"id": "bad", "problem": "2?", "answer": "2"}]
-    ok, bad = asyncio.run(collect(policy, jobs_for(rows), width=2, tools=["echo"], reward="exact_test",
-                                  max_turns=2))
+    ok, bad = asyncio.run(collect(policy, jobs_for(rows), width=2, tools=["echo"], reward="exact_test", max_turns=2))
     assert ok.reward == 1.0 and bad.end_reason == "policy_error"
 
 
@@ -150,8 +153,9 @@ def local_policy(smollm2):
     from rstar_env.rollout.policy import SamplingParams
 
     model, tokenizer = smollm2
-    return TransformersPolicy(model, tokenizer=tokenizer, batch_size=4,
-                              sampling=SamplingParams(max_new_tokens=4, seed=0))
+    return TransformersPolicy(
+        model, tokenizer=tokenizer, batch_size=4, sampling=SamplingParams(max_new_tokens=4, seed=0)
+    )
 
 
 def _request(policy, text: str):
@@ -164,8 +168,9 @@ def _request(policy, text: str):
 
 def test_requests_sent_together_share_a_forward_batch(local_policy):
     async def run():
-        return await asyncio.gather(*(local_policy.generate([_request(local_policy, f"Count to {i}.")])
-                                      for i in range(6)))
+        return await asyncio.gather(
+            *(local_policy.generate([_request(local_policy, f"Count to {i}.")]) for i in range(6))
+        )
 
     results = asyncio.run(run())
     assert all(len(g) == 1 and g[0].token_ids for g in results)

@@ -64,10 +64,23 @@ class ToolTurns:
 
 def _signature(trajectories: list[Any]) -> list[tuple[Any, ...]]:
     """Everything that must repeat: ids of every action and feedback, texts, tool outputs, reward, end."""
-    return [(t.metadata["sample"], t.problem, t.end_reason, t.reward,
-             tuple((tuple(turn.action_token_ids), tuple(turn.feedback_token_ids or ()),
-                    tuple(c.result.text for c in turn.tool_calls)) for turn in t.turns))
-            for t in trajectories]
+    return [
+        (
+            t.metadata["sample"],
+            t.problem,
+            t.end_reason,
+            t.reward,
+            tuple(
+                (
+                    tuple(turn.action_token_ids),
+                    tuple(turn.feedback_token_ids or ()),
+                    tuple(c.result.text for c in turn.tool_calls),
+                )
+                for turn in t.turns
+            ),
+        )
+        for t in trajectories
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +106,9 @@ def test_stream_seed_is_stable_and_distinct():
 
 def test_each_row_draws_from_its_own_stream_whatever_the_batch(tiny):
     model, tokenizer = tiny
-    contexts = [tokenizer.encode(f"<|im_start|>user\nWhat is {n} + {n}?<|im_end|>\n<|im_start|>assistant\n")
-                for n in range(6)]
+    contexts = [
+        tokenizer.encode(f"<|im_start|>user\nWhat is {n} + {n}?<|im_end|>\n<|im_start|>assistant\n") for n in range(6)
+    ]
     requests = [Request(None, c, None, seed=100 + i) for i, c in enumerate(contexts)]  # type: ignore[arg-type]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=20)
 
@@ -122,11 +136,25 @@ def test_same_seed_same_trajectories_whatever_batching_and_tool_timing(tiny, jit
     rows = [{"problem": f"What is {n} + 1?", "answer": str(n + 1), "id": f"p{n}"} for n in range(3)]
 
     def run(batch_size: int, width: int, seed: int = 5) -> list[Any]:
-        inner = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, batch_window_s=0.001,
-                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=12))
+        inner = TransformersPolicy(
+            model,
+            tokenizer=tokenizer,
+            batch_size=batch_size,
+            batch_window_s=0.001,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=12),
+        )
         policy = ToolTurns(inner, lambda n: tool_call("jitter_echo", text=str(n)))
-        trajectories = asyncio.run(collect(policy, jobs_for(rows, samples=2), width=width, seed=seed,
-                                           tools=["jitter_echo"], reward="math", max_turns=3))
+        trajectories = asyncio.run(
+            collect(
+                policy,
+                jobs_for(rows, samples=2),
+                width=width,
+                seed=seed,
+                tools=["jitter_echo"],
+                reward="math",
+                max_turns=3,
+            )
+        )
         assert all(s is not None for s in policy.seeds)
         return trajectories
 
@@ -143,8 +171,9 @@ def test_sampling_params_seed_is_the_default_run_seed(tiny, jitter_tool):
 
     def run(seed: int) -> list[Any]:
         policy = TransformersPolicy(model, tokenizer=tokenizer, sampling=SamplingParams(max_new_tokens=8, seed=seed))
-        return asyncio.run(collect(policy, jobs_for(rows, samples=3), width=3, tools=["jitter_echo"],
-                                   reward="math", max_turns=1))
+        return asyncio.run(
+            collect(policy, jobs_for(rows, samples=3), width=3, tools=["jitter_echo"], reward="math", max_turns=1)
+        )
 
     assert _signature(run(1)) == _signature(run(1))
     assert _signature(run(1)) != _signature(run(2))
@@ -156,16 +185,31 @@ def test_smollm2_multi_turn_python_tool_runs_repeat(smollm2):
     and different batching give identical trajectories, tool turns included."""
     pytest.importorskip("rstar_env.sandbox.local")
     model, tokenizer = smollm2
-    rows = [{"problem": "What is 17 * 3?", "answer": "51", "id": "m1"},
-            {"problem": "What is 2 ** 10?", "answer": "1024", "id": "m2"}]
+    rows = [
+        {"problem": "What is 17 * 3?", "answer": "51", "id": "m1"},
+        {"problem": "What is 2 ** 10?", "answer": "1024", "id": "m2"},
+    ]
     code = "import random, time\ntime.sleep(random.random() * 0.05)\nprint({n} * 2)"
 
     def run(batch_size: int, width: int) -> list[Any]:
-        inner = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size,
-                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
+        inner = TransformersPolicy(
+            model,
+            tokenizer=tokenizer,
+            batch_size=batch_size,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
+        )
         policy = ToolTurns(inner, lambda n: python_call(code.format(n=n)))
-        return asyncio.run(collect(policy, jobs_for(rows, samples=2), width=width, seed=11, max_turns=3,
-                                   max_length=400, length_unit="tokens"))
+        return asyncio.run(
+            collect(
+                policy,
+                jobs_for(rows, samples=2),
+                width=width,
+                seed=11,
+                max_turns=3,
+                max_length=400,
+                length_unit="tokens",
+            )
+        )
 
     first = run(batch_size=4, width=4)
     assert all(len(t.turns) >= 2 and t.turns[0].tool_calls for t in first)
@@ -198,14 +242,35 @@ def tiny_run(tmp_path: Any, reward: str = "parity_test", **trainer: Any) -> Any:
     from rstar_env.config import load_config
 
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"What is {n} + 2?", "answer": str(n + 2), "id": f"r{n}"}) + "\n"
-                            for n in range(4)))
-    return load_config({
-        "env": {"max_turns": 1}, "tools": [], "reward": reward, "sampler": "roc", "dataset": str(data),
-        "trainer": {"output_dir": str(tmp_path / "run"), "steps": 2, "prompts_per_step": 2, "group_size": 4,
-                    "oversample": 2, "lr": 1e-3, "max_new_tokens": 9, "max_response_tokens": 10, "seed": 0,
-                    "tensorboard": False, "save_model": False, "logprob_gap": True, **trainer},
-    })
+    data.write_text(
+        "".join(
+            json.dumps({"problem": f"What is {n} + 2?", "answer": str(n + 2), "id": f"r{n}"}) + "\n" for n in range(4)
+        )
+    )
+    return load_config(
+        {
+            "env": {"max_turns": 1},
+            "tools": [],
+            "reward": reward,
+            "sampler": "roc",
+            "dataset": str(data),
+            "trainer": {
+                "output_dir": str(tmp_path / "run"),
+                "steps": 2,
+                "prompts_per_step": 2,
+                "group_size": 4,
+                "oversample": 2,
+                "lr": 1e-3,
+                "max_new_tokens": 9,
+                "max_response_tokens": 10,
+                "seed": 0,
+                "tensorboard": False,
+                "save_model": False,
+                "logprob_gap": True,
+                **trainer,
+            },
+        }
+    )
 
 
 def test_paired_compare_reports_differences_with_an_interval(tmp_path, tiny, parity_reward):
@@ -216,12 +281,15 @@ def test_paired_compare_reports_differences_with_an_interval(tmp_path, tiny, par
     from rstar_trainers.local.config import trainer_config
 
     run = tiny_run(tmp_path)
-    summary = run_compare(run, trainer_config(run), out=tmp_path / "cmp", model="unused", seeds=[0, 1], steps=2,
-                          model_and_tokenizer=tiny)
+    summary = run_compare(
+        run, trainer_config(run), out=tmp_path / "cmp", model="unused", seeds=[0, 1], steps=2, model_and_tokenizer=tiny
+    )
     # Common random numbers: both arms drew the same step-1 rollouts, token for token.
     assert summary["paired_step1"] == {"0": {"identical": 16, "of": 16}, "1": {"identical": 16, "of": 16}}
-    first = {arm: json.loads((tmp_path / "cmp" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()[0])
-             for arm in ("grpo", "roc")}
+    first = {
+        arm: json.loads((tmp_path / "cmp" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()[0])
+        for arm in ("grpo", "roc")
+    }
     assert first["grpo"]["reward"] == first["roc"]["reward"]
     # The updates differ (different samplers), so step 2's rollouts do too, but not their streams.
     paired = summary["paired"]["reward"]["all_steps"]
@@ -246,9 +314,19 @@ def test_t_interval_matches_the_textbook():
     assert t_interval([0.5])[1] != t_interval([0.5])[1]  # one seed: no interval (NaN)
 
 
-@pytest.mark.parametrize(("p", "df", "table"), [(0.975, 1, 12.706205), (0.975, 2, 4.302653), (0.975, 3, 3.182446),
-                                                (0.975, 4, 2.776445), (0.975, 9, 2.262157), (0.975, 30, 2.042272),
-                                                (0.05, 5, -2.015048), (0.5, 7, 0.0)])
+@pytest.mark.parametrize(
+    ("p", "df", "table"),
+    [
+        (0.975, 1, 12.706205),
+        (0.975, 2, 4.302653),
+        (0.975, 3, 3.182446),
+        (0.975, 4, 2.776445),
+        (0.975, 9, 2.262157),
+        (0.975, 30, 2.042272),
+        (0.05, 5, -2.015048),
+        (0.5, 7, 0.0),
+    ],
+)
 def test_t_quantile_matches_the_table(p, df, table):
     from rstar_trainers.local.compare import t_quantile
 
@@ -271,17 +349,30 @@ def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, ti
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
         seen, progress = [], []
-        run_compare(run, settings, out=out, model=str(tmp_path / "model"), seeds=[3], steps=1, jobs=jobs,
-                    on_step=lambda arm, seed, m, seen=seen: seen.append((arm, seed, m["step"])),
-                    on_progress=lambda *update, progress=progress: progress.append(update))
+        run_compare(
+            run,
+            settings,
+            out=out,
+            model=str(tmp_path / "model"),
+            seeds=[3],
+            steps=1,
+            jobs=jobs,
+            on_step=lambda arm, seed, m, seen=seen: seen.append((arm, seed, m["step"])),
+            on_progress=lambda *update, progress=progress: progress.append(update),
+        )
         assert sorted(seen) == [("grpo", 3, 1), ("roc", 3, 1)]
         # Each arm's progress within its step reaches the caller, from the child processes too, named by arm.
         for arm in ("grpo/3", "roc/3"):
-            rollouts = [(done, total) for key, done, total, description in progress
-                        if key.startswith(arm + " ") and "rollouts" in description]
+            rollouts = [
+                (done, total)
+                for key, done, total, description in progress
+                if key.startswith(arm + " ") and "rollouts" in description
+            ]
             assert rollouts and rollouts[-1] == (8, 8), (arm, progress)
-        results[jobs] = {arm: json.loads((out / f"{arm}-seed3" / "metrics.jsonl").read_text().splitlines()[0])
-                         for arm in ("grpo", "roc")}
+        results[jobs] = {
+            arm: json.loads((out / f"{arm}-seed3" / "metrics.jsonl").read_text().splitlines()[0])
+            for arm in ("grpo", "roc")
+        }
         assert json.loads((out / "compare.json").read_text())["paired_step1"] == {"3": {"identical": 8, "of": 8}}
     for arm in ("grpo", "roc"):
         assert results[1][arm]["response_tokens"] == results[2][arm]["response_tokens"]
@@ -302,14 +393,31 @@ def test_compare_command_shows_each_arms_progress_and_a_narrow_table(tmp_path, t
     run = tiny_run(tmp_path, logprob_gap=False)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run.model_dump(mode="json", exclude_none=True)))
-    result = CliRunner().invoke(main, ["compare", "--config", str(config), "--sft-model", str(tmp_path / "model"),
-                                       "--seeds", "0,1", "--steps", "1", "--output-dir", str(tmp_path / "cmp")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            "--config",
+            str(config),
+            "--sft-model",
+            str(tmp_path / "model"),
+            "--seeds",
+            "0,1",
+            "--steps",
+            "1",
+            "--output-dir",
+            str(tmp_path / "cmp"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     header = lines.index(next(line for line in lines if line.split()[:2] == ["arm/", "step"]))
-    assert all(len(line) <= 80 for line in lines[header:header + 2])
-    rows = [line.split() for line in lines if line.split()[:1] in (["grpo/0"], ["roc/0"], ["grpo/1"], ["roc/1"])
-            and line.split()[1].isdigit()]
+    assert all(len(line) <= 80 for line in lines[header : header + 2])
+    rows = [
+        line.split()
+        for line in lines
+        if line.split()[:1] in (["grpo/0"], ["roc/0"], ["grpo/1"], ["roc/1"]) and line.split()[1].isdigit()
+    ]
     assert sorted(r[0] for r in rows) == ["grpo/0", "grpo/1", "roc/0", "roc/1"] and all(r[1] == "1" for r in rows)
     assert all(len(r) == 7 for r in rows)
     assert all(len(line) <= 80 for line in lines if line.split()[:1] == ["roc/0"] and line.split()[1].isdigit())
@@ -340,9 +448,28 @@ def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path,
     log = tmp_path / "log.txt"
     with log.open("w") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rstar_env.cli", "compare", "--config", str(config), "--sft-model",
-             str(tmp_path / "model"), "--seeds", "0,1,2", "--steps", "500", "--jobs", "2", "--output-dir", str(out)],
-            stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "rstar_env.cli",
+                "compare",
+                "--config",
+                str(config),
+                "--sft-model",
+                str(tmp_path / "model"),
+                "--seeds",
+                "0,1,2",
+                "--steps",
+                "500",
+                "--jobs",
+                "2",
+                "--output-dir",
+                str(out),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 240
             while "step 2: rollouts" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
@@ -359,4 +486,3 @@ def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path,
     assert sorted(d.name for d in started) == ["grpo-seed0", "roc-seed0"]
     assert all((d / "checkpoints" / "latest").exists() for d in started)  # saved on the way out
     assert not any((out / f"{arm}-seed{seed}").exists() for arm in ("grpo", "roc") for seed in (1, 2))
-

@@ -73,8 +73,11 @@ def test_option_and_argument_errors() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(rewards=st.lists(st.sampled_from([0.0, 1.0]), min_size=0, max_size=24), keep=st.integers(1, 26),
-       seed=st.integers(0, 2**31))
+@given(
+    rewards=st.lists(st.sampled_from([0.0, 1.0]), min_size=0, max_size=24),
+    keep=st.integers(1, 26),
+    seed=st.integers(0, 2**31),
+)
 def test_properties(rewards: list[float], keep: int, seed: int) -> None:
     group = [T(r) for r in rewards]
     for sampler in (GRPOSampler(), RejectEqualSampler()):

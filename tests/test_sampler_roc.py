@@ -56,10 +56,14 @@ def test_tool_errors_come_from_structured_results_not_text() -> None:
         return ToolCall(raw="{}", name="python", arguments={"code": "x"}, result=ToolResult(text, error))  # type: ignore[arg-type]
 
     traj = Trajectory(
-        problem="p", answer="1", reward=1.0,
+        problem="p",
+        answer="1",
+        reward=1.0,
         turns=[
-            Turn(action="<tool_call>..</tool_call>", tool_calls=[call("Error: all good, just printing", None),
-                                                                 call("", "timeout")]),
+            Turn(
+                action="<tool_call>..</tool_call>",
+                tool_calls=[call("Error: all good, just printing", None), call("", "timeout")],
+            ),
             Turn(action="<answer>\\boxed{1}</answer>"),
         ],
     )
@@ -72,17 +76,17 @@ def test_tool_errors_come_from_structured_results_not_text() -> None:
 @pytest.mark.parametrize(
     ("num_pos", "num_neg", "keep", "expected"),
     [
-        (5, 11, 8, (2, 6)),   # neg: round(5.5) = 6 (half to even)
-        (3, 13, 8, (2, 6)),   # round(6.5) = 6 (half to even, not 7)
-        (9, 7, 8, (4, 4)),    # round(3.5) = 4
-        (15, 1, 8, (7, 1)),   # round(0.5) = 0, raised to min(2, 1) = 1
-        (1, 15, 8, (1, 7)),   # round(7.5) = 8, positives raised to min(2, 1) = 1
-        (6, 2, 4, (2, 2)),    # round(1.0) = 1, raised to 2
-        (14, 2, 8, (6, 2)),   # round(1.0) = 1, raised to 2
-        (16, 0, 8, (8, 0)),   # no negatives
-        (2, 2, 2, (2, 0)),    # keep < min_pos + min_neg: positives' minimum applied last wins
-        (3, 3, 1, (1, 0)),    # keep=1: capped at keep
-        (8, 8, 16, (8, 8)),   # keep == n
+        (5, 11, 8, (2, 6)),  # neg: round(5.5) = 6 (half to even)
+        (3, 13, 8, (2, 6)),  # round(6.5) = 6 (half to even, not 7)
+        (9, 7, 8, (4, 4)),  # round(3.5) = 4
+        (15, 1, 8, (7, 1)),  # round(0.5) = 0, raised to min(2, 1) = 1
+        (1, 15, 8, (1, 7)),  # round(7.5) = 8, positives raised to min(2, 1) = 1
+        (6, 2, 4, (2, 2)),  # round(1.0) = 1, raised to 2
+        (14, 2, 8, (6, 2)),  # round(1.0) = 1, raised to 2
+        (16, 0, 8, (8, 0)),  # no negatives
+        (2, 2, 2, (2, 0)),  # keep < min_pos + min_neg: positives' minimum applied last wins
+        (3, 3, 1, (1, 0)),  # keep=1: capped at keep
+        (8, 8, 16, (8, 8)),  # keep == n
         (10, 22, 16, (5, 11)),  # paper setting 2G=32 -> G=16
     ],
 )
@@ -122,7 +126,8 @@ def test_topk_example() -> None:
         T(1, num_tool_calls=2, num_tool_errors=0, num_answer_blocks=2, num_assistant_turns=2),  # 0.5
         T(1, num_tool_calls=3, num_tool_errors=0, num_answer_blocks=0, num_assistant_turns=3),  # 1.0
         T(1, num_tool_calls=1, num_tool_errors=0, num_answer_blocks=1, num_assistant_turns=2),  # 0.0
-        T(0), T(0),
+        T(0),
+        T(0),
     ]
     # 6 positives, 2 negatives, keep 4: neg_keep = round(1.0) = 1 -> raised to 2; pos_keep = 2.
     assert RoCSampler().select(group, 4, rng()) == [2, 5, 6, 7]
@@ -211,11 +216,20 @@ def test_real_trajectories() -> None:
     def traj(reward: float, errors: list[str | None], blocks: int) -> Trajectory:
         calls = [ToolCall("{}", "python", {"code": "1"}, ToolResult("out", e)) for e in errors]  # type: ignore[arg-type]
         final = "<answer>\\boxed{1}</answer>" * blocks
-        return Trajectory(problem="p", answer="1", reward=reward,
-                          turns=[Turn(action="call", tool_calls=calls), Turn(action=final)])
+        return Trajectory(
+            problem="p", answer="1", reward=reward, turns=[Turn(action="call", tool_calls=calls), Turn(action=final)]
+        )
 
-    group = [traj(1, [None, "timeout"], 1), traj(1, [None], 1), traj(1, [], 1), traj(1, [None], 0),
-             traj(0, [None], 1), traj(0, ["crash"], 0), traj(0, [], 1), traj(0, [None], 1)]
+    group = [
+        traj(1, [None, "timeout"], 1),
+        traj(1, [None], 1),
+        traj(1, [], 1),
+        traj(1, [None], 0),
+        traj(0, [None], 1),
+        traj(0, ["crash"], 0),
+        traj(0, [], 1),
+        traj(0, [None], 1),
+    ]
     # 4 pos / 4 neg, keep 4: 2 + 2; positive penalties 0.5, 0.0, 0.5, 1.0 -> indices 1 and 0.
     selection = RoCSampler().select(group, 4, rng(3))
     assert selection is not None and [i for i in selection if i < 4] == [0, 1]
@@ -240,8 +254,12 @@ def groups_and_keep(draw: st.DrawFn) -> tuple[list[T], int]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=groups_and_keep(), seed=st.integers(0, 2**32 - 1), mode=st.sampled_from(["topk", "weighted"]),
-       mins=st.sampled_from([(2, 2), (0, 0), (1, 3), (3, 1)]))
+@given(
+    data=groups_and_keep(),
+    seed=st.integers(0, 2**32 - 1),
+    mode=st.sampled_from(["topk", "weighted"]),
+    mins=st.sampled_from([(2, 2), (0, 0), (1, 3), (3, 1)]),
+)
 def test_properties(data: tuple[list[T], int], seed: int, mode: str, mins: tuple[int, int]) -> None:
     group, keep = data
     sampler = RoCSampler(mode=mode, min_positive=mins[0], min_negative=mins[1])  # type: ignore[arg-type]
@@ -257,8 +275,7 @@ def test_properties(data: tuple[list[T], int], seed: int, mode: str, mins: tuple
     # Counts follow the formula.
     positives = [i for i, r in enumerate(rewards) if r > 0]
     negatives = [i for i, r in enumerate(rewards) if r <= 0]
-    pos_keep, neg_keep = roc_counts(len(positives), len(negatives), keep, min_positive=mins[0],
-                                    min_negative=mins[1])
+    pos_keep, neg_keep = roc_counts(len(positives), len(negatives), keep, min_positive=mins[0], min_negative=mins[1])
     kept_pos = [i for i in selection if i in positives]
     assert len(kept_pos) == pos_keep and len(selection) - len(kept_pos) == neg_keep
     # Negatives are exactly rng.choice on the negatives with the same seed (drawn first).
@@ -284,17 +301,22 @@ def test_only_summary_attributes_are_read(data: tuple[list[T], int], seed: int) 
     group, keep = data
 
     def as_traj(t: T) -> Trajectory:
-        calls = [ToolCall("{}", "python", {}, ToolResult("", "exception" if i < t.num_tool_errors else None))
-                 for i in range(t.num_tool_calls)]
+        calls = [
+            ToolCall("{}", "python", {}, ToolResult("", "exception" if i < t.num_tool_errors else None))
+            for i in range(t.num_tool_calls)
+        ]
         turns = [Turn(action="think", tool_calls=calls if j == 0 else []) for j in range(t.num_assistant_turns)]
-        turns[-1] = Turn(action="<answer>\\boxed{1}</answer>" * t.num_answer_blocks,
-                         tool_calls=turns[-1].tool_calls)
+        turns[-1] = Turn(action="<answer>\\boxed{1}</answer>" * t.num_answer_blocks, tool_calls=turns[-1].tool_calls)
         return Trajectory(problem="p", answer="1", reward=t.reward, turns=turns)
 
     trajs = [as_traj(t) for t in group]
     for t, tr in zip(group, trajs, strict=True):
-        assert (tr.num_tool_calls, tr.num_tool_errors, tr.num_answer_blocks, tr.num_assistant_turns) == \
-            (t.num_tool_calls, t.num_tool_errors, t.num_answer_blocks, t.num_assistant_turns)
+        assert (tr.num_tool_calls, tr.num_tool_errors, tr.num_answer_blocks, tr.num_assistant_turns) == (
+            t.num_tool_calls,
+            t.num_tool_errors,
+            t.num_answer_blocks,
+            t.num_assistant_turns,
+        )
     sampler = RoCSampler()
     assert sampler.select(trajs, keep, rng(seed)) == sampler.select(group, keep, rng(seed))
 
@@ -303,12 +325,12 @@ def test_only_summary_attributes_are_read(data: tuple[list[T], int], seed: int) 
 @pytest.mark.parametrize(
     ("traj", "all_turns", "after_first"),
     [
-        (T(1, num_answer_blocks=1, num_assistant_turns=1), 0.0, 1.0),    # one turn: the reference counts none
+        (T(1, num_answer_blocks=1, num_assistant_turns=1), 0.0, 1.0),  # one turn: the reference counts none
         (T(1, num_answer_blocks=2, num_assistant_turns=1), 1.0, 1.0),
         (T(1, num_answer_blocks=1, num_assistant_turns=3), 0.0, 0.0),
         (T(1, num_answer_blocks=2, num_assistant_turns=3), 1 / 3, 0.5),  # (2 - 1) / 3 here, (2 - 1) / 2 there
         (T(1, num_answer_blocks=3, num_assistant_turns=5), 0.4, 0.5),
-        (T(1, num_answer_blocks=0, num_assistant_turns=4), 1.0, 1.0),    # no block: 1 either way
+        (T(1, num_answer_blocks=0, num_assistant_turns=4), 1.0, 1.0),  # no block: 1 either way
     ],
 )
 def test_turn_count_options(traj: T, all_turns: float, after_first: float) -> None:
@@ -336,7 +358,9 @@ HAND_GROUP = [
     T(1, num_tool_calls=1, num_tool_errors=0, num_answer_blocks=2, num_assistant_turns=2),  # 0    0.5  1
     T(1, num_tool_calls=2, num_tool_errors=0, num_answer_blocks=1, num_assistant_turns=3),  # 0    0    0
     T(1, num_tool_calls=1, num_tool_errors=1, num_answer_blocks=1, num_assistant_turns=2),  # 1    0    0
-    T(0), T(0), T(0),
+    T(0),
+    T(0),
+    T(0),
 ]
 
 
@@ -374,7 +398,7 @@ def test_stats_use_the_samplers_penalty_terms() -> None:
 
 
 def test_bad_reference_options_say_what_to_use() -> None:
-    with pytest.raises(ValueError, match=r"turn_count must be 'all'.*'after_first'"):
-        RoCSampler(turn_count="first")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"no_call_penalty .* \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"turn_count: Input should be 'all' or 'after_first' \(got 'first'\)"):
+        RoCSampler(turn_count="first")
+    with pytest.raises(ValueError, match=r"no_call_penalty: Input should be less than or equal to 1 \(got 2\)"):
         RoCSampler(no_call_penalty=2)

@@ -146,7 +146,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(sandbox: LocalSandbox) -> None:
     before = sandbox.pool.resting_size()  # wrapper, zygote, idle spares (perhaps not all forked yet)
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     result = execute(sandbox, code)
-    assert result.status in ("timeout", "crashed"), result
+    assert result.status in ("timeout", "crash"), result
     assert_healthy(sandbox)
     deadline = time.monotonic() + 5
     while len(sandbox.pool.processes()) > before + 1 and time.monotonic() < deadline:
@@ -432,7 +432,7 @@ def test_a_forged_reply_does_not_end_the_call_and_nothing_outlives_it(sandbox: L
     tag = marker()
     result = execute(sandbox, FORGE_REPLY + f"os.execvp('sleep', ['sleep', '{tag}'])")
     # The call is not over when the code says so: it ends at its deadline (or as tampering), with no survivor.
-    assert result.status in ("timeout", "crashed"), result
+    assert result.status in ("timeout", "crash"), result
     assert processes_with(tag) == []
     assert_healthy(sandbox)
 
@@ -450,7 +450,7 @@ if os.fork() == 0:
 time.sleep(3600)
 """
     result = execute(sandbox, FORGE_REPLY + chain)
-    assert result.status in ("timeout", "crashed"), result
+    assert result.status in ("timeout", "crash"), result
     assert pool_cpu_burned(sandbox, 0.5) < 0.25  # nothing of the call keeps a CPU busy after it
     assert_healthy(sandbox)
 
@@ -473,7 +473,7 @@ def test_a_forged_reply_in_a_session_leaves_nothing_running(sandbox: LocalSandbo
     assert processes_with(tag) == [], result
     # Whatever the session's interpreter does next, it runs only within a call's deadline.
     after = execute(sandbox, "print('after')", session="forger")
-    assert after.status in ("ok", "timeout", "crashed"), after
+    assert after.status in ("ok", "timeout", "crash"), after
     run(sandbox.close_session("forger"))
     assert processes_with(tag) == []
     assert_healthy(sandbox)
@@ -526,7 +526,7 @@ os.write(1, b"y" * (4 * 2**20))
     before = _peak_rss_mib()
     result = run(sandbox.execute(code, timeout_s=5.0))  # time enough to push the whole frame, were it read
     grown = _peak_rss_mib() - before
-    assert result.status in ("output_limit", "crashed", "timeout"), result
+    assert result.status in ("output_limit", "crash", "timeout"), result
     assert len(result.stdout) <= sandbox.max_output_bytes
     assert grown < 64, f"the caller's peak RSS grew by {grown:.0f} MiB"
     assert_healthy(sandbox)
@@ -557,7 +557,9 @@ def _sysv_keys(pid: int | None = None) -> str:
 def test_sysv_shared_memory_dies_with_the_call(sandbox: LocalSandbox) -> None:
     key = 0x5E000000 + uuid.uuid4().int % 0xFFFFFF
     secret = "secret-of-episode-A-" + uuid.uuid4().hex
-    create = SYSV_SEGMENT.format(key=key) + f"""
+    create = (
+        SYSV_SEGMENT.format(key=key)
+        + f"""
 for k in (key, key + 1, key + 2):
     shmid = libc.shmget(k, 16 * 2**20, 0o1000 | 0o666)  # IPC_CREAT, mode 0666
     assert shmid >= 0, ctypes.get_errno()
@@ -566,14 +568,18 @@ for k in (key, key + 1, key + 2):
     libc.shmdt(ctypes.c_void_p(addr))
 print('created')
 """
+    )
     assert execute(sandbox, create).stdout == "created\n"
-    read = SYSV_SEGMENT.format(key=key) + f"""
+    read = (
+        SYSV_SEGMENT.format(key=key)
+        + f"""
 shmid = libc.shmget(key, 0, 0)
 if shmid < 0:
     print('no segment')
 else:
     print(ctypes.string_at(libc.shmat(shmid, None, 0), {len(secret)}).decode())
 """
+    )
     other_episode = execute(sandbox, read)
     assert other_episode.stdout == "no segment\n" and secret not in other_episode.stdout, other_episode
     session = execute(sandbox, read, session="ipc-reader")
@@ -595,14 +601,19 @@ class Attr(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long),
                 ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
 """
-    send = mq + f"""
+    send = (
+        mq
+        + f"""
 q = rt.mq_open({name.encode()!r}, os.O_CREAT | os.O_WRONLY, 0o666, ctypes.byref(Attr(0, 4, 64, 0)))
 assert q >= 0, ctypes.get_errno()
 assert rt.mq_send(q, b"secret-of-episode-A", 19, 0) == 0, ctypes.get_errno()
 print('sent')
 """
+    )
     assert execute(sandbox, send).stdout == "sent\n"
-    receive = mq + f"""
+    receive = (
+        mq
+        + f"""
 q = rt.mq_open({name.encode()!r}, os.O_RDONLY | os.O_NONBLOCK)
 if q < 0:
     print('no queue')
@@ -611,6 +622,7 @@ else:
     n = rt.mq_receive(q, buf, 64, None)
     print(buf.raw[:max(n, 0)].decode())
 """
+    )
     later = execute(sandbox, receive)
     assert later.stdout == "no queue\n", later
 
@@ -805,7 +817,6 @@ def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox)
     assert all(r.duration_s < 5.0 + SLACK_S and r.queue_s >= 0 for r, _ in done)
 
 
-
 # ------------------------------------------------------------------------ what a model could find and keep (round 3)
 
 DATA_ATTACK = r"""
@@ -923,7 +934,7 @@ print(sum(os.waitpid(kids[i], os.WNOHANG) == (0, 0) for i in holding))
 """
     result = execute(sandbox, code, timeout_s=8.0)
     # Either the call itself was ended, or no more than three 300 MiB holders were alive together (1 GiB budget).
-    assert result.status == "crashed" or (result.ok and int(result.stdout) * 300 <= 1024), result
+    assert result.status == "crash" or (result.ok and int(result.stdout) * 300 <= 1024), result
     assert_healthy(sandbox)
 
 
@@ -1086,9 +1097,37 @@ print(subprocess.run(["echo", "fine"], capture_output=True, text=True).stdout.st
         assert line.endswith(f" -1 {errno.EPERM}"), result.stdout
 
 
+def _install_into_venv(venv: Path, distributions: tuple[str, ...]) -> None:
+    """Put the running interpreter's installed ``distributions`` (their files and metadata) into ``venv``'s
+    site-packages, as pip would, by hard link where possible.
+
+    Not ``--system-site-packages``: from a venv's interpreter that inherits the base Python's packages (Debian's
+    ``/usr/lib/python3/dist-packages``), not the running venv's. Not a ``.pth`` naming the running venv's
+    site-packages either: the sandbox shows an interpreter only its own install locations, so those packages
+    would not be there inside it."""
+    from importlib import metadata
+
+    (site_packages,) = venv.glob("lib/python*/site-packages")
+    for name in distributions:
+        dist = metadata.distribution(name)
+        root = Path(dist.locate_file("")).resolve()
+        for file in dist.files or ():
+            source = Path(dist.locate_file(file)).resolve()
+            if not source.is_file() or not source.is_relative_to(root):
+                continue  # a console script in bin/, or a file listed but gone
+            target = site_packages / source.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:  # another filesystem
+                shutil.copy2(source, target)
+
+
 def test_an_interpreter_in_a_virtual_environment_under_tmp_works(tmp_path: Path) -> None:
     venv = Path("/tmp") / f"rstar-venv-{uuid.uuid4().hex[:8]}"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # What a user's venv holds: the preloaded sympy (with mpmath) and the syscall filter's binding.
+    _install_into_venv(venv, ("sympy", "mpmath", "pyseccomp"))
     box = LocalSandbox(python=str(venv / "bin" / "python"), spares=1, preload=("sympy",), warmup=None)
     try:
         try:
@@ -1097,8 +1136,12 @@ def test_an_interpreter_in_a_virtual_environment_under_tmp_works(tmp_path: Path)
             if "/tmp" in str(exc):
                 raise  # the harm: a venv under /tmp does not work
             start_or_skip(box)  # the sandbox cannot start here at all
-        result = run(box.execute("import sys, sympy\nprint(sys.prefix, sympy.Integer(6) * 7)"))
-        assert (result.status, result.stdout) == ("ok", f"{venv} 42\n"), result
+        result = run(box.execute("import sys, sympy\nprint(sys.prefix, sympy.Integer(6) * 7, sympy.__file__)"))
+        # sympy comes from the venv under /tmp, which the sandbox binds back over each worker's private /tmp.
+        assert (result.status, result.stdout) == (
+            "ok",
+            f"{venv} 42 {next(venv.glob('lib/*/site-packages'))}/sympy/__init__.py\n",
+        ), result
     finally:
         box.close()
         shutil.rmtree(venv, ignore_errors=True)
@@ -1235,3 +1278,221 @@ def test_a_pool_whose_cgroup_was_removed_starts_afresh() -> None:
         assert box.pool.restarts == 1 and box.pool._zygote is not zygote
     finally:
         box.close()
+
+
+# --------------------------------------------------------------------------------- sandbox round 4 (issue 34)
+
+
+def _needles(count: int) -> list[tuple[str, str]]:
+    """Unique markers, each as a (head, tail) pair: the scanning code below never holds one whole, so finding one
+    whole in its memory means it came from somewhere else."""
+    return [(f"mk{uuid.uuid4().hex[:14]}", uuid.uuid4().hex) for _ in range(count)]
+
+
+# Reads every readable mapping of its own process and reports which needles it holds whole (head then tail).
+SCAN_OWN_MEMORY = """
+import json
+NEEDLES = {needles!r}
+OWN = "own-code-" + {own_tail!r}  # this call's own marker, whole in its memory: proves the scan finds things
+found, own = set(), 0
+with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+    for line in maps.read().splitlines():
+        fields = line.split()
+        if "r" not in fields[1] or (len(fields) > 5 and fields[5].startswith("[v")):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        for at in range(start, end, 8 << 20):
+            try:
+                mem.seek(at)
+                chunk = mem.read(min(end, at + (8 << 20) + 256) - at)
+            except (OSError, OverflowError, ValueError):
+                continue
+            own += chunk.count(OWN.encode())
+            for head, tail in NEEDLES:
+                h, t = head.encode(), tail.encode()
+                i = chunk.find(h)
+                while i >= 0:
+                    if chunk[i + len(h) : i + len(h) + len(t)] == t:
+                        found.add(head)
+                    i = chunk.find(h, i + 1)
+print(json.dumps({{"found": sorted(found), "own": own}}))
+"""
+
+
+def test_a_later_call_finds_no_earlier_calls_code_or_stdin_in_its_memory(sandbox: LocalSandbox) -> None:
+    """Finding 34.1: every request used to pass through the zygote, and every spare forked after it held a copy
+    of the freed buffers. An episode's program and stdin (~200 characters, unique markers) must be nowhere in a
+    later episode's memory, stateless or in a session."""
+    needles = _needles(4)
+    (code_a, stdin_a), (code_b, stdin_b) = (needles[0], needles[1]), (needles[2], needles[3])
+
+    def program(head: str, tail: str) -> str:
+        marker = head + tail
+        return (
+            f"# the solution of an earlier episode: {marker}\nanswer = {marker!r}\ndata = input()\n"
+            f"print(sum(map(ord, answer + data)) % 97, len(data))  # {'x' * 60}\n"
+        )
+
+    stateless = execute(sandbox, program(*code_a), stdin="".join(stdin_a) + " the stdin of an earlier episode\n")
+    in_session = execute(sandbox, program(*code_b), stdin="".join(stdin_b) + " its stdin\n", session="early")
+    assert stateless.ok and in_session.ok, (stateless, in_session)
+    scans = []
+    # Enough calls to go through every spare forked since (two at a time), and a fresh session.
+    for session in (None, None, None, None, None, "later"):
+        scan = SCAN_OWN_MEMORY.format(needles=needles, own_tail=uuid.uuid4().hex)
+        scans.append(execute(sandbox, scan, session=session, timeout_s=30.0))
+    run(sandbox.close_session("early"))
+    run(sandbox.close_session("later"))
+    reports = [json.loads(s.stdout) if s.ok else s for s in scans]
+    assert all(isinstance(r, dict) and r["own"] >= 1 for r in reports), reports  # the scan works
+    assert all(r["found"] == [] for r in reports), reports
+
+
+SESSION_TIMER = """
+import ctypes, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+busy = False
+def burn(*_):  # 50 ms of CPU per SIGCONT (never nested: a slow machine must not stack them up)
+    global busy
+    if not busy:
+        busy, end = True, time.process_time() + 0.05
+        while time.process_time() < end:
+            pass
+        busy = False
+signal.signal(signal.SIGCONT, burn)
+signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+class Event(ctypes.Structure):  # struct sigevent: SIGEV_SIGNAL delivering SIGCONT
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("pad", ctypes.c_int * 12)]
+class Spec(ctypes.Structure):  # struct itimerspec
+    _fields_ = [("every_s", ctypes.c_long), ("every_ns", ctypes.c_long), ("first_s", ctypes.c_long),
+                ("first_ns", ctypes.c_long)]
+timer = ctypes.c_void_p()
+assert libc.timer_create(1, ctypes.byref(Event(None, signal.SIGCONT, 0)), ctypes.byref(timer)) == 0
+# First expiry after this call has returned, then every 0.1 s: each one would resume the stopped session.
+assert libc.timer_settime(timer, 0, ctypes.byref(Spec(0, 100_000_000, 0, 400_000_000)), None) == 0
+times = os.times()
+cpu_at_end = times.user + times.system
+print("armed")
+"""
+
+
+def test_a_session_burns_no_cpu_between_its_calls(sandbox: LocalSandbox) -> None:
+    """Finding 34.2: a session call arms a timer that sends SIGCONT every 0.1 s, with a handler that spins 50 ms
+    and SIGXCPU ignored. Between its calls the session must not run: its CPU time across a 4 s pause stays at
+    about nothing (or, where the machine cannot freeze it, the session is ended, saying so)."""
+    armed = execute(sandbox, SESSION_TIMER, session="timer")
+    assert armed.stdout == "armed\n", armed
+    time.sleep(4.0)
+    measure = (
+        "libc.timer_delete(timer)\nsignal.signal(signal.SIGCONT, signal.SIG_DFL)\n"
+        "times = os.times()\nprint(round(times.user + times.system - cpu_at_end, 3))"
+    )
+    later = execute(sandbox, measure, session="timer", timeout_s=5.0)
+    run(sandbox.close_session("timer"))
+    if later.status == "crash":
+        assert "between calls" in (later.message or ""), later  # no freezer here: ended, with the reason
+    else:
+        assert later.ok and float(later.stdout) < 0.4, later  # resumed every 0.1 s: about 2 s
+    assert_healthy(sandbox)
+
+
+def test_an_episode_sees_no_other_episodes_ptys(sandbox: LocalSandbox) -> None:
+    """Finding 34.6: a session opened 200 ptys and kept them while idle; another episode saw them in /dev/pts.
+    Each worker has its own, small set of ptys now, and ordinary pty use still works."""
+    hold = (
+        "import os\nmasters = []\ntry:\n    for _ in range(200):\n"
+        "        masters.append(os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY))\nexcept OSError:\n    pass\n"
+        "print(len(masters), len(os.listdir('/dev/pts')))"
+    )
+    held = execute(sandbox, hold, session="pty-holder")
+    assert held.ok, held
+    opened, _listed = map(int, held.stdout.split())
+    assert 1 <= opened < 200, held  # a small per-worker limit
+    look = (
+        "import os, pty\nbefore = sorted(os.listdir('/dev/pts'))\nmaster, slave = pty.openpty()\n"
+        "os.write(master, b'hi\\n')\nprint(before, sorted(os.listdir('/dev/pts')), os.read(slave, 10))"
+    )
+    for session in (None, "pty-peer"):
+        peer = execute(sandbox, look, session=session)
+        assert peer.ok and peer.stdout == "['ptmx'] ['0', 'ptmx'] b'hi\\n'\n", peer
+    for name in ("pty-holder", "pty-peer"):
+        run(sandbox.close_session(name))
+
+
+def test_the_code_learns_no_host_paths_from_its_command_line_mounts_or_environment(sandbox: LocalSandbox) -> None:
+    """Finding 34.7: a worker's /proc/self/cmdline was the zygote's configuration (the pool's host folder, uid
+    range, host PATH) and its mountinfo named the project checkout and the pool's folder. What may remain: the
+    interpreter's install locations, bound at their own paths (the code sees them as ``sys.prefix`` anyway)."""
+    if sandbox.isolation is None or sandbox.isolation.kind != "bwrap":
+        pytest.skip("the filesystem allowlist needs bubblewrap")
+    import re
+
+    from rstar_env.sandbox import _isolation
+
+    code = (
+        "import os\nfor name in ('cmdline', 'mountinfo', 'environ'):\n"
+        "    print(open(f'/proc/self/{name}', 'rb').read().replace(b'\\0', b' ').decode())"
+    )
+    seen = execute(sandbox, code).stdout
+    for path in sorted(_isolation.visible_paths(), key=len, reverse=True):
+        seen = seen.replace(path, "<interpreter>")
+    checkout = str(Path(__file__).resolve().parents[1])
+    home = os.path.expanduser("~")
+    assert checkout not in seen, seen
+    assert home == "/" or not re.search(rf"(?<![\w.-]){re.escape(home)}(?=[/\s:]|$)", seen), seen
+    assert f"rstar-sandbox-{os.getpid()}" not in seen and "uid_base" not in seen, seen
+
+
+SHARED_FILE_CHANNEL = """
+import __future__, ctypes, fcntl, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+path = __future__.__file__  # read-only and the same file for every worker: the channel's medium
+def probe():
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock = "free"
+        except OSError:
+            flock = "held"
+        want = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0)
+        owner = struct.unpack("hhqqi4x", fcntl.fcntl(f, fcntl.F_GETLK, want))
+        return flock, "free" if owner[0] == fcntl.F_UNLCK else "held"
+"""
+
+
+def test_concurrent_episodes_cannot_signal_through_locks_or_notifications_on_shared_files(
+    sandbox: LocalSandbox,
+) -> None:
+    """Finding 34.3: one episode locks a file every worker shares (the standard library's ``__future__.py``) or
+    watches it with inotify; a concurrent one sees the lock, or the watcher sees its reads. Neither carries anything
+    now, and SQLite (which locks its file) still works in the private /tmp."""
+    try:
+        import pyseccomp  # noqa: F401
+    except (ImportError, OSError) as exc:
+        pytest.skip(f"no syscall filter can be had here (pyseccomp or libseccomp is missing: {exc})")
+    hold = SHARED_FILE_CHANNEL + (
+        "held = open(path, 'rb')\nfcntl.flock(held, fcntl.LOCK_SH)\n"
+        "fcntl.fcntl(held, fcntl.F_SETLK, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))\n"
+        "watch = libc.inotify_init1(os.O_NONBLOCK)\n"
+        "if watch >= 0:\n    libc.inotify_add_watch(watch, path.encode(), 0x1 | 0x20)  # IN_ACCESS | IN_OPEN\n"
+        "print('holding')"
+    )
+    assert execute(sandbox, hold, session="signaller").stdout == "holding\n"
+    # Another episode, stateless and in a session: the locks are not there, and its reads are not seen.
+    for session in (None, "receiver"):
+        seen = execute(sandbox, SHARED_FILE_CHANNEL + "print(*probe())", session=session)
+        assert seen.stdout == "free free\n", seen
+    heard = (
+        "events = b''\nif watch >= 0:\n    try:\n        events = os.read(watch, 4096)\n    except OSError:\n"
+        "        pass\nprint(len(events))"
+    )
+    assert execute(sandbox, heard, session="signaller").stdout == "0\n"
+    sqlite = (
+        "import sqlite3\ndb = sqlite3.connect('/tmp/scratch.db')\n"
+        "db.execute('create table t (x)')\ndb.executemany('insert into t values (?)', [(i,) for i in range(10)])\n"
+        "db.commit()\nprint(db.execute('select sum(x) from t').fetchone()[0])"
+    )
+    assert execute(sandbox, sqlite).stdout == "45\n"
+    for name in ("signaller", "receiver"):
+        run(sandbox.close_session(name))

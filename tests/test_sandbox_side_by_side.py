@@ -20,8 +20,9 @@ def test_two_sides_run_together_and_the_ratio_is_reported() -> None:
         timeout=180,
     )
     assert done.returncode == 0, done.stderr
-    row = re.search(r"round 1  print x2:  a +([\d.]+) ms \((\d+) calls\)  b +([\d.]+) ms \((\d+) calls\)  a/b ([\d.]+)",
-                    done.stdout)
+    row = re.search(
+        r"round 1  print x2:  a +([\d.]+) ms \((\d+) calls\)  b +([\d.]+) ms \((\d+) calls\)  a/b ([\d.]+)", done.stdout
+    )
     assert row is not None, done.stdout
     a_ms, a_calls, b_ms, b_calls, ratio = (float(x) for x in row.groups())
     assert a_calls >= 2 and b_calls >= 2  # both loaded their pool for the whole second

@@ -22,9 +22,21 @@ TOOLS = [{"name": "python", "options": {"timeout_s": 4, "description": "Run Pyth
 
 
 def sft_run(tmp_path, **sft):
-    settings = {"backend": "local", "stage": "sft", "output_dir": str(tmp_path / "sft"), "max_epochs": 1,
-                "train_batch_size": 8, "micro_train_batch_size": 4, "lr": 3e-4, "lr_scheduler": "constant",
-                "tensorboard": False, "save_hf": False, "max_len": 256, "seed": 0, **sft}
+    settings = {
+        "backend": "local",
+        "stage": "sft",
+        "output_dir": str(tmp_path / "sft"),
+        "max_epochs": 1,
+        "train_batch_size": 8,
+        "micro_train_batch_size": 4,
+        "lr": 3e-4,
+        "lr_scheduler": "constant",
+        "tensorboard": False,
+        "save_hf": False,
+        "max_len": 256,
+        "seed": 0,
+        **sft,
+    }
     return load_config({"env": ENV, "tools": TOOLS, "reward": "math", "trainer": settings})
 
 
@@ -48,13 +60,19 @@ def test_a_few_sft_steps_teach_well_formed_calls(tmp_path, smollm2):
     run = sft_run(tmp_path)
     rows = generate_tool_sft(40, seed=0, level=2, fix=0.0, no_tool=0.0, config=run)
     examples = [sft_tokens(r["messages"], tokenizer) for r in rows]
-    trainer = SFTTrainer(run, sft_config(run.trainer), model_and_tokenizer=(copy.deepcopy(model), tokenizer),
-                         examples=examples, resume=False)
+    trainer = SFTTrainer(
+        run,
+        sft_config(run.trainer),
+        model_and_tokenizer=(copy.deepcopy(model), tokenizer),
+        examples=examples,
+        resume=False,
+    )
     held_out = [p.to_dict() for p in generate_problems(4, level=2, seed=99)]
 
     def share() -> float:
-        report, _ = evaluate_model(trainer.model, tokenizer, run, held_out, max_new_tokens=64,
-                                              max_response_tokens=256, temperature=0.0)
+        report, _ = evaluate_model(
+            trainer.model, tokenizer, run, held_out, max_new_tokens=64, max_response_tokens=256, temperature=0.0
+        )
         return report["tool_call_share"]
 
     before = share()
@@ -74,10 +92,18 @@ def test_resume_continues_exactly(tmp_path, smollm2):
     examples = [SFTTokens(x, [0] * 4 + [1] * (len(x) - 4)) for x in ids]
 
     def make(name):
-        run = sft_run(tmp_path / name, train_batch_size=4, micro_train_batch_size=2, lr=1e-4,
-                      lr_scheduler="cosine_with_min_lr", lr_warmup_ratio=0.5, max_epochs=2)
-        return SFTTrainer(run, sft_config(run.trainer), model_and_tokenizer=(copy.deepcopy(model), tokenizer),
-                          examples=examples)
+        run = sft_run(
+            tmp_path / name,
+            train_batch_size=4,
+            micro_train_batch_size=2,
+            lr=1e-4,
+            lr_scheduler="cosine_with_min_lr",
+            lr_warmup_ratio=0.5,
+            max_epochs=2,
+        )
+        return SFTTrainer(
+            run, sft_config(run.trainer), model_and_tokenizer=(copy.deepcopy(model), tokenizer), examples=examples
+        )
 
     straight = make("a")
     straight.train()
@@ -92,7 +118,8 @@ def test_resume_continues_exactly(tmp_path, smollm2):
     rows = [json.loads(line) for line in (tmp_path / "b" / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["loss"] == pytest.approx(
-        json.loads((tmp_path / "a" / "sft" / "metrics.jsonl").read_text().splitlines()[-1])["loss"], abs=1e-6)
+        json.loads((tmp_path / "a" / "sft" / "metrics.jsonl").read_text().splitlines()[-1])["loss"], abs=1e-6
+    )
 
 
 def test_sft_schema_is_the_openrlhf_one(tmp_path):
@@ -100,7 +127,11 @@ def test_sft_schema_is_the_openrlhf_one(tmp_path):
     with pytest.warns(UserWarning, match="no effect here"):
         local = sft_config(openrlhf.trainer)
     assert (local.lr, local.max_len, local.train_batch_size, local.lr_scheduler) == (
-        5e-6, 8192, 128, "cosine_with_min_lr")
+        5e-6,
+        8192,
+        128,
+        "cosine_with_min_lr",
+    )
     with pytest.raises(ConfigError, match=r"trainer\.lr_scheduler"):
         sft_config({"stage": "sft", "lr_scheduler": "sawtooth"})
     quick = trainer_config(load_config("configs/quickstart.yaml"))
@@ -113,17 +144,34 @@ def test_sft_schema_is_the_openrlhf_one(tmp_path):
 def test_compare_writes_both_arms_and_the_figure(tmp_path, smollm2):
     from rstar_trainers.local.compare import run_compare
 
-    rows = [{"problem": "What is 2 + 2?", "answer": "4", "id": "a"}, {"problem": "What is 3 + 5?", "answer": "8",
-                                                                      "id": "b"}]
+    rows = [
+        {"problem": "What is 2 + 2?", "answer": "4", "id": "a"},
+        {"problem": "What is 3 + 5?", "answer": "8", "id": "b"},
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = load_config({"env": ENV, "tools": TOOLS, "reward": "math", "sampler": "roc", "dataset": str(data),
-                       "trainer": {"output_dir": str(tmp_path / "run"), "prompts_per_step": 2, "group_size": 2,
-                                   "oversample": 2, "max_new_tokens": 6, "max_response_tokens": 40,
-                                   "tensorboard": False}})
+    run = load_config(
+        {
+            "env": ENV,
+            "tools": TOOLS,
+            "reward": "math",
+            "sampler": "roc",
+            "dataset": str(data),
+            "trainer": {
+                "output_dir": str(tmp_path / "run"),
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "oversample": 2,
+                "max_new_tokens": 6,
+                "max_response_tokens": 40,
+                "tensorboard": False,
+            },
+        }
+    )
     settings = trainer_config(run)
-    summary = run_compare(run, settings, out=tmp_path / "cmp", model="unused", seeds=[0], steps=1,
-                          model_and_tokenizer=smollm2)
+    summary = run_compare(
+        run, settings, out=tmp_path / "cmp", model="unused", seeds=[0], steps=1, model_and_tokenizer=smollm2
+    )
     for arm in ("grpo", "roc"):
         metrics = (tmp_path / "cmp" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()
         assert len(metrics) == 1 and "tool_error_ratio_correct" in json.loads(metrics[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-_SAMPLE = '''
+_SAMPLE = """
 import pytest
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_through_a_fixture(policy):
 
 def test_without_a_model():
     pass
-'''
+"""
 
 # Runs pytest in a child; with `hide_model`, importlib cannot find the model package (as on a machine without it).
 _CHILD = """
@@ -48,9 +48,26 @@ def _pytest(tmp_path: Path, *args: str, ci: str | None = None, hide_model: bool 
     if ci is not None:
         env["CI"] = ci
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, "hide" if hide_model else "keep", "-p", "conftest", "-p", "no:cacheprovider",
-         "-q", "-rs", "--rootdir", str(tmp_path), *args, str(tmp_path / "test_sample.py")],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            "hide" if hide_model else "keep",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rs",
+            "--rootdir",
+            str(tmp_path),
+            *args,
+            str(tmp_path / "test_sample.py"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return f"exit {done.returncode}\n{done.stdout}{done.stderr}"
 

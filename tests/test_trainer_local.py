@@ -25,17 +25,30 @@ def run_config(tmp_path, **trainer):
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    settings = {"output_dir": str(tmp_path / "run"), "steps": 4, "prompts_per_step": 2, "group_size": 4,
-                "oversample": 2, "lr": 5e-5, "max_new_tokens": 10, "max_response_tokens": 12, "seed": 0,
-                "tensorboard": False, "save_model": False, **trainer}
-    return load_config({
-        "env": {"max_turns": 1, "system_prompt": "Answer with just the number."},
-        "tools": [],
-        "reward": {"name": "math", "options": {"last_number": True}},
-        "sampler": "roc",
-        "dataset": str(data),
-        "trainer": settings,
-    })
+    settings = {
+        "output_dir": str(tmp_path / "run"),
+        "steps": 4,
+        "prompts_per_step": 2,
+        "group_size": 4,
+        "oversample": 2,
+        "lr": 5e-5,
+        "max_new_tokens": 10,
+        "max_response_tokens": 12,
+        "seed": 0,
+        "tensorboard": False,
+        "save_model": False,
+        **trainer,
+    }
+    return load_config(
+        {
+            "env": {"max_turns": 1, "system_prompt": "Answer with just the number."},
+            "tools": [],
+            "reward": {"name": "math", "options": {"last_number": True}},
+            "sampler": "roc",
+            "dataset": str(data),
+            "trainer": settings,
+        }
+    )
 
 
 def make(run, smollm2, **kwargs):
@@ -53,8 +66,18 @@ def test_grpo_roc_raises_the_reward(tmp_path, smollm2):
     assert max(rewards[1:]) >= rewards[0] + 0.25, rewards
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    assert {"reward", "accuracy", "groups_kept", "tool_error_ratio_correct", "loss", "entropy", "grad_norm",
-            "time/generation_s", "time/train_s", "sampler/kept_pos/error_penalty"} <= set(metrics[0])
+    assert {
+        "reward",
+        "accuracy",
+        "groups_kept",
+        "tool_error_ratio_correct",
+        "loss",
+        "entropy",
+        "grad_norm",
+        "time/generation_s",
+        "time/train_s",
+        "sampler/kept_pos/error_penalty",
+    } <= set(metrics[0])
     # Rollouts went through the dispatcher: one engine, every turn of every episode one request, none failed.
     assert metrics[0]["engines/0/requests"] >= 1 and metrics[0]["engines/0/failed"] == 0
 

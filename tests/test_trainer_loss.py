@@ -56,25 +56,49 @@ def test_masked_tokens_get_no_gradient():
 def test_kl_and_entropy_terms():
     logp = torch.log(torch.tensor([[0.5]]))
     ref = torch.log(torch.tensor([[0.25]]))
-    parts = clipped_policy_loss(logp, logp, torch.tensor([0.0]), torch.tensor([[1]]), total_tokens=1,
-                                ref_logp=ref, kl_coef=0.1, entropy=torch.tensor([[2.0]]), entropy_coef=0.01)
+    parts = clipped_policy_loss(
+        logp,
+        logp,
+        torch.tensor([0.0]),
+        torch.tensor([[1]]),
+        total_tokens=1,
+        ref_logp=ref,
+        kl_coef=0.1,
+        entropy=torch.tensor([[2.0]]),
+        entropy_coef=0.01,
+    )
     k3 = math.exp(math.log(0.5)) - math.log(0.5) - 1  # exp(ref - logp) - (ref - logp) - 1 with ref - logp = ln .5
     assert parts.kl == pytest.approx(k3)
     assert parts.loss.item() == pytest.approx(0.1 * k3 - 0.01 * 2.0, abs=1e-7)
 
 
 def traj(reward: float, errors: int, calls: int = 2) -> Trajectory:
-    tool_calls = [ToolCall("r", "python", {}, ToolResult("x", "exception" if i < errors else None))
-                  for i in range(calls)]
-    return Trajectory(problem="p", answer="1", id="p",
-                      turns=[Turn("c", tool_calls), Turn("<answer>\\boxed{1}</answer>")],
-                      reward=reward, reward_result=RewardResult(reward), end_reason="answer")
+    tool_calls = [
+        ToolCall("r", "python", {}, ToolResult("x", "exception" if i < errors else None)) for i in range(calls)
+    ]
+    return Trajectory(
+        problem="p",
+        answer="1",
+        id="p",
+        turns=[Turn("c", tool_calls), Turn("<answer>\\boxed{1}</answer>")],
+        reward=reward,
+        reward_result=RewardResult(reward),
+        end_reason="answer",
+    )
 
 
 def test_grpo_and_roc_differ_exactly_where_they_should():
     # 2G = 8 rollouts, G = 4: positives 0..3 with 2, 1, 0, 2 tool errors of 2 calls; negatives 4..7.
-    group = [traj(1.0, 2), traj(1.0, 1), traj(1.0, 0), traj(1.0, 2), traj(0.0, 0), traj(0.0, 1), traj(0.0, 2),
-             traj(0.0, 0)]
+    group = [
+        traj(1.0, 2),
+        traj(1.0, 1),
+        traj(1.0, 0),
+        traj(1.0, 2),
+        traj(0.0, 0),
+        traj(0.0, 1),
+        traj(0.0, 2),
+        traj(0.0, 0),
+    ]
     roc = load_sampler("roc")
     grpo = load_sampler("grpo")
     kept_roc, sel_roc = select_groups(roc, [group], 4, np.random.default_rng(0))

@@ -33,8 +33,12 @@ class SleepTool:
 def vec(echo_plugins):
     register(SleepTool)
     envs = gymnasium.make_vec(
-        "rstar_env/MathTool-v0", num_envs=16, vectorization_mode="vector_entry_point",
-        tools=["sleep", "echo"], reward="exact_test", max_turns=3,
+        "rstar_env/MathTool-v0",
+        num_envs=16,
+        vectorization_mode="vector_entry_point",
+        tools=["sleep", "echo"],
+        reward="exact_test",
+        max_turns=3,
     )
     yield envs
     envs.close()

@@ -9,8 +9,6 @@ The local trainer (:class:`~rstar_trainers.local.config.LocalTrainerConfig`) and
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 
@@ -36,18 +34,12 @@ class RLHyperparameters(BaseModel):
     kl_coef: NonNegativeFloat = 0.0
     """KL loss to the initial weights (k3 estimator); 0 (the default, as in the paper) loads no reference model."""
     entropy_coef: NonNegativeFloat = 0.0
-    """Entropy bonus; 0 (the default) computes no entropy gradient. ``null`` in a config means 0."""
+    """Entropy bonus; 0 (the default) computes no entropy gradient."""
 
     temperature: NonNegativeFloat = 1.0
     top_p: float = Field(1.0, gt=0, le=1)
     max_response_tokens: PositiveInt = 8192
     """The env's length budget in tokens (actions and tool output); a trajectory cut by it scores 0."""
-
-    @field_validator("entropy_coef", mode="before")
-    @classmethod
-    def _none_is_off(cls, value: Any) -> Any:
-        # The OpenRLHF section once defaulted to null (OpenRLHF's "no entropy term"): configs that say so still load.
-        return 0.0 if value is None else value
 
     @field_validator("clip_low")
     @classmethod

@@ -1,4 +1,4 @@
-"""Example rstar-env plugins, one of each kind: :class:`Calculator` (tool), :class:`ExactMatch` (verifier),
+"""Example rstar-env plugins, one of each kind: :class:`Calculator` (tool), :class:`ExactMatch` (reward),
 :class:`KeepShortest` (sampler). They are registered by the ``rstar_env`` entry point in ``pyproject.toml``, which
 names :mod:`rstar_examples.plugins`."""
 

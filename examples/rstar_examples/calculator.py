@@ -17,11 +17,16 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from rstar_env.plugin import EpisodeContext, ToolResult, function_schema
+from rstar_env.plugin import EpisodeContext, ToolResult, tool_schema
 
 _OPS: dict[type, Any] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
 }
 _BITS_PER_DIGIT = math.log2(10)
 
@@ -35,17 +40,20 @@ class CalculatorOptions(BaseModel):
     """An integer result (or intermediate value) with more digits is refused before it is computed."""
 
 
+class CalculatorArguments(BaseModel):
+    """What the model sends; the schema it reads is derived from this."""
+
+    expression: str = Field(description="e.g. (3 + 4) * 2")
+
+
 class Calculator:
     """``calculator(expression)`` -> the value, or an ``exception`` tool error saying what is wrong."""
 
     name: ClassVar[str] = "calculator"
     options_model: ClassVar[type[BaseModel]] = CalculatorOptions
     call_timeout_s: ClassVar[float] = 5.0  # asks the env for less than its default tool_timeout_s
-    schema: ClassVar[dict[str, Any]] = function_schema(
-        "calculator",
-        "Evaluate an arithmetic expression (numbers, + - * / ** and parentheses).",
-        {"expression": {"type": "string", "description": "e.g. (3 + 4) * 2"}},
-        ["expression"],
+    schema: ClassVar[dict[str, Any]] = tool_schema(
+        name, "Evaluate an arithmetic expression (numbers, + - * / ** and parentheses).", CalculatorArguments
     )
 
     def __init__(self, options: CalculatorOptions | None = None) -> None:

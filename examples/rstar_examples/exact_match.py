@@ -1,4 +1,4 @@
-"""A verifier: the response's last ``\\boxed{}`` (or ``<answer>`` block) equals the gold answer as a string."""
+"""A reward plugin: the response's last ``\\boxed{}`` (or ``<answer>`` block) equals the gold answer as a string."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from rstar_env.format import extract_answer
-from rstar_env.plugin import RewardResult
+from rstar_env.plugin import RewardResult, extract_answer
 
 
 class ExactMatchOptions(BaseModel):

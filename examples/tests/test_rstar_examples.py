@@ -24,8 +24,12 @@ def test_calculator_in_an_episode(math_env):
     env = math_env(tools=["calculator"], reward="exact_match")
     traj = play(
         env,
-        [tool_call("calculator", expression="(3 + 4) * 6"), tool_call("calculator", expression="2 ** 1000"),
-         tool_call("calculator", expr="1"), answer(42)],
+        [
+            tool_call("calculator", expression="(3 + 4) * 6"),
+            tool_call("calculator", expression="2 ** 1000"),
+            tool_call("calculator", expr="1"),
+            answer(42),
+        ],
         problem="What is (3 + 4) * 6?",
         answer="42",
     )
@@ -33,6 +37,20 @@ def test_calculator_in_an_episode(math_env):
     assert "exponent 1000 is larger than 100" in traj.turns[1].tool_calls[0].result.text
     assert_tool_errors(traj, {"exception": 1, "bad_call": 1})  # the wrong argument name is the env's bad_call
     assert traj.reward == 1.0
+
+
+def test_calculator_schema_and_options_are_declared_once():
+    from rstar_examples import Calculator
+
+    function = Calculator.schema["function"]
+    assert function["name"] == Calculator.name  # derived: the name is written once
+    assert function["parameters"] == {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "description": "e.g. (3 + 4) * 2"}},
+        "required": ["expression"],
+    }
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.options\.max_digits: Input should be less than or equal to"):
+        load_config({"tools": [{"name": "calculator", "options": {"max_digits": 10**6}}]})
 
 
 def test_exact_match_scores_and_options():
@@ -53,8 +71,11 @@ def test_keep_shortest_keeps_the_fewest_turns_and_drops_no_signal_groups():
 
 @pytest.mark.parametrize(
     "expression",
-    ["(((9**99)**99)**99)**99", "9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99",
-     "((10**99)**10)**10"],
+    [
+        "(((9**99)**99)**99)**99",
+        "9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99*9**99",
+        "((10**99)**10)**10",
+    ],
 )
 def test_calculator_refuses_huge_results_at_once(expression):
     from rstar_examples import Calculator

@@ -1,4 +1,4 @@
-"""Built-in reward (verifier) plugins: ``math`` (answer correctness) and ``format`` (answer-format compliance).
+"""Built-in reward plugins: ``math`` (answer correctness) and ``format`` (answer-format compliance).
 
 Registered through the ``rstar_env`` entry-point group (``math_rewards = "rstar_plugins.rewards"``), like any
 third-party plugin: ``rstar_env.plugins.load_reward("math", timeout_s=3.0)``.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from rstar_env.plugins import hookimpl
 
-from .format_reward import FormatReward
-from .math_reward import MathReward
+from .format_reward import FormatOptions, FormatReward
+from .math_reward import MathOptions, MathReward
 
 
 @hookimpl
@@ -17,4 +17,4 @@ def rstar_env_rewards() -> list[type]:
     return [MathReward, FormatReward]
 
 
-__all__ = ["FormatReward", "MathReward", "rstar_env_rewards"]
+__all__ = ["FormatOptions", "FormatReward", "MathOptions", "MathReward", "rstar_env_rewards"]

@@ -1,15 +1,18 @@
-"""The math-verify worker process: ``python -m rstar_plugins.rewards._worker MEMORY_MB SOFT_TIMEOUT_S``.
+"""The math-verify worker process: ``python -m rstar_plugins.rewards._worker MEMORY_MB``.
 
 Protocol (pickled frames over stdin/stdout, see :mod:`.pool`): the worker sends ``("ready", pid)`` once
-math-verify is imported and warm. Each request is a batch, a list of ``(pred, gold)`` answer texts; the worker
-answers every item with its own frame ``(index, verdict, detail, exiting)``, in order, as soon as it is decided, so
-the parent can hold each comparison to its own deadline. ``verdict`` is ``"verified"``, ``"mismatch"``,
-``"bad_gold"``, ``"timeout"`` or ``"error"``; ``exiting`` says the worker stops after this reply (it hit its memory
-limit) and the rest of the batch must go elsewhere.
+math-verify is imported and warm. Each request is a batch, a list of ``(pred, gold, soft_timeout_s, yield_s)``:
+two answer texts, the time the comparison may take (0: no timer of its own) and how long it must have run before it
+yields to a ``SIGUSR1`` from the parent (0: never); the worker answers every item with its own frame
+``(index, verdict, detail, exiting)``, in order, as soon as it is decided, so the parent can hold each comparison to
+its own deadline. ``verdict`` is ``"verified"``, ``"mismatch"``, ``"bad_gold"``, ``"timeout"``, ``"error"`` or
+``"preempted"`` (stopped by the parent's signal, to be tried again later); ``exiting`` says the worker stops after
+this reply (it hit its memory limit) and the rest of the batch must go elsewhere. A signal that arrives between
+items, or before the current one has run ``yield_s``, is ignored: it was meant for an item that has ended.
 
 Why a process: math-verify's own timeouts use ``signal.alarm`` (main thread only) and some inputs (a power tower
 like ``5^{5^{5^5}}``) spin inside C code where no signal handler runs. Here the worker arms its own interval timer
-per comparison (``soft_timeout_s``, a little under the parent's hard limit) so ordinary slow comparisons end
+per comparison (its ``soft_timeout_s``, a little under the parent's hard limit) so ordinary slow comparisons end
 cleanly and the worker survives; anything that ignores the timer is killed by the parent at the hard limit.
 ``RLIMIT_AS`` turns a memory explosion (``10^{10^{10}}`` evaluated exactly) into a ``MemoryError`` instead of an
 OOM kill of the host.
@@ -23,11 +26,12 @@ import pickle
 import re
 import signal
 import sys
+import time
 from functools import lru_cache
 from multiprocessing.connection import Connection
 from typing import Any
 
-from rstar_env.data.numbers import plain_commas
+from rstar_env.data.numbers import plain_commas, strip_presentation
 
 
 class _SoftTimeout(BaseException):
@@ -35,8 +39,25 @@ class _SoftTimeout(BaseException):
     cannot swallow it."""
 
 
+class _Preempted(BaseException):
+    """Raised by the parent's ``SIGUSR1``: other answers wait, and this one has had its probe."""
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     raise _SoftTimeout
+
+
+class _Current:
+    """The comparison running now, for the preemption handler: when it started and when it may be stopped."""
+
+    started: float | None = None
+    yield_s: float = 0.0
+
+
+def _on_preempt(signum: int, frame: Any) -> None:
+    started = _Current.started
+    if started is not None and _Current.yield_s > 0 and time.monotonic() - started >= _Current.yield_s:
+        raise _Preempted
 
 
 # Text that carries its own math markup (or a box): math-verify finds the answer in it as it would in a model's
@@ -55,12 +76,31 @@ def is_bare_math(text: str) -> bool:
     return _WORD.search(_COMMAND.sub(" ", text)) is None
 
 
+_INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)([^$]{1,2000}?)(?<!\\)\$|\\\((.{1,2000}?)\\\)", re.DOTALL)
+
+
+def join_math_lines(text: str) -> str:
+    """Inline math (``$...$``, ``\\(...\\)``) written over several lines, on one line: math-verify reads inline
+    math only within a line (so a stray ``$`` cannot pair with one lines away), and ``$(1,\n2)$`` is the pair
+    ``(1, 2)``. Only bare math is joined (no words, no blank line), so prose between two dollar signs stays apart."""
+    if "\n" not in text:
+        return text
+
+    def joined(match: re.Match[str]) -> str:
+        inner = match.group(1) if match.group(1) is not None else match.group(2)
+        if "\n" not in inner or "\n\n" in inner or not is_bare_math(inner):
+            return match.group(0)
+        return match.group(0).replace("\n", " ")
+
+    return _INLINE_MATH.sub(joined, text)
+
+
 @lru_cache(maxsize=4096)
 def read_answer(text: str) -> tuple[Any, ...]:
     """``text`` parsed by math-verify (cached: a group's rollouts share a gold, and often an answer)."""
     from math_verify import parse
 
-    stripped = text.strip()
+    stripped = join_math_lines(strip_presentation(text.strip()))
     if not stripped:
         return ()
     plain = plain_commas(stripped)
@@ -84,26 +124,88 @@ def compare(pred: str, gold: str) -> tuple[str, str]:
         return "mismatch", "prediction not parseable"
     # allow_set_relation_comp: a gold interval "(0,\\infty)" answered as "x > 0" is right; by default math-verify
     # compares set to relation only when the prediction is the set (a false negative on the other order).
-    ok = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None, allow_set_relation_comp=True)
+    options: dict[str, Any] = {"allow_set_relation_comp": True}
+    places = stated_places(pred)
+    if places is not None and _exact_fractions(gold_parsed):
+        options["float_rounding"] = places  # "(0.6, 2.6667]" for (3/5, 8/3]: at the precision the answer states
+    ok = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None, **options)
     return ("verified" if ok else "mismatch"), ""
 
 
+_DECIMAL = re.compile(r"(?<![\w.])(\d*)\.(\d+)(?![\d.])")
+
+
+def stated_places(text: str) -> int | None:
+    """The decimal places of the most precise decimal of four significant digits or more in ``text`` (the
+    precision the answer states), or ``None`` when it has none or states six places or more (math-verify's own
+    rounding)."""
+    places = [len(frac) for whole, frac in _DECIMAL.findall(text) if len((whole + frac).lstrip("0")) >= 4]
+    if not places or max(places) >= 6:
+        return None
+    return max(places)
+
+
+def _exact_fractions(parsed: tuple[Any, ...]) -> bool:
+    """The gold is exact rationals only (numbers, tuples, sets, intervals of them), one with no finite decimal
+    expansion: the only case where a decimal answer can be a rounding and nothing else (not ``\\pi``, ``\\sqrt2``,
+    a float, a symbol)."""
+    from sympy import Basic, Float, Function, NumberSymbol, Pow, Rational, Symbol
+
+    if not parsed or not isinstance(parsed[0], Basic):
+        return False
+    gold = parsed[0]
+    if gold.has(Float, Symbol, NumberSymbol, Function, Pow):
+        return False
+    fractions = gold.atoms(Rational)
+    return any(_repeats(q.q) for q in fractions)
+
+
+def _repeats(denominator: int) -> bool:
+    for prime in (2, 5):
+        while denominator % prime == 0:
+            denominator //= prime
+    return denominator != 1
+
+
 _WARM_UP: tuple[tuple[str, str], ...] = (
-    ("\\frac{1}{2}", "0.5"), ("The answer is $\\{1, 2\\}$.", "(0, \\infty)"), ("x^2+2x+1", "(x+1)^2"),
-    ("\\frac{\\sqrt{3}}{2}", "\\dfrac{1}{2}\\sqrt3"), ("[1, 2) \\cup (3, \\infty)", "x > 0"), ("(1, -2)", "(1,-2)"),
+    ("\\frac{1}{2}", "0.5"),
+    ("The answer is $\\{1, 2\\}$.", "(0, \\infty)"),
+    ("x^2+2x+1", "(x+1)^2"),
+    ("\\frac{\\sqrt{3}}{2}", "\\dfrac{1}{2}\\sqrt3"),
+    ("[1, 2) \\cup (3, \\infty)", "x > 0"),
+    ("(1, -2)", "(1,-2)"),
     ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"),
-    ("y = 2x + 3", "y=3+2x"), ("2\\pi", "\\frac{4\\pi}{2}"), ("\\text{(A)}", "A"), ("50\\%", "0.5"),
-    ("90^\\circ", "\\frac{\\pi}{2}"), ("\\boxed{1}, \\boxed{2}", "\\{1,2\\}"), ("3\\sqrt{2}", "\\sqrt{18}"),
-    ("e^{i\\pi}", "-1"), ("\\log_2 8", "3"), ("x \\geq 2", "[2,\\infty)"), ("2+3i", "3i+2"), ("10!", "3628800"),
-    ("The final answer is $12$.", "12"), ("\\binom{5}{2}", "10"), ("a^2 - b^2", "(a-b)(a+b)"),
-    ("(2, 3)", "(3,2)"), ("[1, 2]", "[1,2)"), ("\\left[ -1, 1 \\right]", "(-\\infty, 0]"), ("(-3,3)", "[0, 1]"),
-    ("\\left(2, 3\\right)", "(\\sqrt{2}, 1)"), ("[1, 2, 3]", "\\{1, 2, 3\\}"), ("(x-1)(x+2)", "x^2+x-2"),
-    ("\\sin^2 x", "1 - \\cos^2 x"), ("\\frac{a}{b}", "a/b"), ("x = 3", "3"), ("5 \\text{ cm}", "5"),
+    ("y = 2x + 3", "y=3+2x"),
+    ("2\\pi", "\\frac{4\\pi}{2}"),
+    ("\\text{(A)}", "A"),
+    ("50\\%", "0.5"),
+    ("90^\\circ", "\\frac{\\pi}{2}"),
+    ("\\boxed{1}, \\boxed{2}", "\\{1,2\\}"),
+    ("3\\sqrt{2}", "\\sqrt{18}"),
+    ("e^{i\\pi}", "-1"),
+    ("\\log_2 8", "3"),
+    ("x \\geq 2", "[2,\\infty)"),
+    ("2+3i", "3i+2"),
+    ("10!", "3628800"),
+    ("The final answer is $12$.", "12"),
+    ("\\binom{5}{2}", "10"),
+    ("a^2 - b^2", "(a-b)(a+b)"),
+    ("(2, 3)", "(3,2)"),
+    ("[1, 2]", "[1,2)"),
+    ("\\left[ -1, 1 \\right]", "(-\\infty, 0]"),
+    ("(-3,3)", "[0, 1]"),
+    ("\\left(2, 3\\right)", "(\\sqrt{2}, 1)"),
+    ("[1, 2, 3]", "\\{1, 2, 3\\}"),
+    ("(x-1)(x+2)", "x^2+x-2"),
+    ("\\sin^2 x", "1 - \\cos^2 x"),
+    ("\\frac{a}{b}", "a/b"),
+    ("x = 3", "3"),
+    ("5 \\text{ cm}", "5"),
 )
 """Pairs compared once at start-up to warm the parsers."""
 
 
-def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s: float) -> None:
+def serve(reader: Connection, writer: Connection, memory_mb: int) -> None:
     # Everything math-verify logs is either handled here (timeouts) or noise (its "timeout disabled" warning).
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import before the memory limit: imports map shared libraries)
@@ -119,6 +221,7 @@ def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGALRM, _on_alarm)
+    signal.signal(signal.SIGUSR1, _on_preempt)
     writer.send(("ready", os.getpid()))
     while True:
         try:
@@ -127,16 +230,21 @@ def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s
             return  # the parent closed the pipe or died: nothing left to do
         if request is None:
             return
-        for index, (pred, gold) in enumerate(request):
+        for index, (pred, gold, soft_timeout_s, yield_s) in enumerate(request):
             fatal = False
             try:
-                signal.setitimer(signal.ITIMER_REAL, soft_timeout_s)
+                _Current.yield_s = yield_s
+                _Current.started = time.monotonic()
+                signal.setitimer(signal.ITIMER_REAL, max(0.0, soft_timeout_s))
                 try:
                     reply = compare(pred, gold)
                 finally:
+                    _Current.started = None  # first: a late SIGUSR1 must not stop what comes next
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except _SoftTimeout:
                 reply = ("timeout", f"math-verify took longer than {soft_timeout_s:.2f}s")
+            except _Preempted:
+                reply = ("preempted", "")
             except MemoryError:
                 reply = ("error", f"math-verify exceeded the {memory_mb} MB memory limit")
                 fatal = True  # the heap may be fragmented or half-built: start afresh
@@ -154,13 +262,12 @@ def serve(reader: Connection, writer: Connection, memory_mb: int, soft_timeout_s
 
 def main() -> None:
     memory_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    soft_timeout_s = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
     # The protocol owns the original stdout; anything printed by library code goes to stderr instead.
     protocol_out = os.dup(1)
     os.dup2(2, 1)
     reader = Connection(os.dup(0), readable=True, writable=False)
     writer = Connection(protocol_out, readable=False, writable=True)
-    serve(reader, writer, memory_mb, soft_timeout_s)
+    serve(reader, writer, memory_mb)
 
 
 if __name__ == "__main__":

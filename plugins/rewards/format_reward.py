@@ -19,9 +19,12 @@ correctness reward as a penalty term. An unclosed ``<answer>`` does not count as
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 from rstar_env.format import answer_blocks, extract_answer, last_boxed
+from rstar_env.plugins import plugin_options
 from rstar_env.trajectory import RewardResult
 
 FORMAT_SCORES: dict[str, float] = {
@@ -45,13 +48,24 @@ def format_verdict(response: str) -> str:
     return "no_block" if inner is not None and inner.strip() else "no_answer"
 
 
+class FormatOptions(BaseModel):
+    """The ``format`` reward's options, checked when a config loads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    penalty: bool = False
+    """Score ``score - 1`` (0 for a compliant answer, down to -1), to add to a correctness reward as a penalty."""
+
+
 class FormatReward:
     """Answer-format compliance in [0, 1] (or [-1, 0] with ``penalty=True``); see the module docstring."""
 
     name: ClassVar[str] = "format"
+    options_model: ClassVar[type[BaseModel]] = FormatOptions
 
-    def __init__(self, *, penalty: bool = False) -> None:
-        self.penalty = penalty
+    def __init__(self, options: FormatOptions | None = None, **settings: Any) -> None:
+        self.options = plugin_options(FormatOptions, options, settings)
+        self.penalty = self.options.penalty
 
     async def score(self, response: str, answer: str = "") -> RewardResult:
         return self.score_sync(response, answer)

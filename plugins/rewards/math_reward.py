@@ -11,14 +11,14 @@ cheapest first:
    This is the AIME / DAPO case and never touches sympy.
 2. **math-verify** for everything else (expressions, sets, intervals, tuples, matrices, equations, text): gold and
    answer text are parsed by the same rule (:func:`._worker.read_answer`), then ``verify(gold, pred)``, in a
-   :class:`~.pool.VerifierPool` of warm worker processes (a batch goes to each worker in one message) with a hard
-   wall-clock kill and a memory limit. So ``score`` is safe from any thread or event loop, never blocks the loop,
-   and a pathological answer (``5^{5^{5^5}}``, ``10^{10^{10}}``, megabytes of LaTeX) costs at most ``timeout_s``
-   and scores 0 with ``reason="timeout"``.
+   :class:`~.pool.VerifierPool` of warm worker processes with a hard wall-clock kill and a memory limit, fed by a
+   queue that serves untried comparisons first. So ``score`` is safe from any thread or event loop, never blocks
+   the loop, and a pathological answer (``5^{5^{5^5}}``, ``10^{10^{10}}``, megabytes of LaTeX) scores 0 with
+   ``reason="timeout"`` after a bounded amount of its own work, without holding back the answers queued after it.
 
 ``reason`` codes (stable, short): ``exact`` (fast path, equal), ``verified`` (math-verify, equal), ``mismatch``
 (either stage, not equal), ``no_answer`` (nothing extracted), ``answer too long``, ``timeout``, ``bad_gold`` (the
-gold answer is empty or unreadable: a data problem, reward 0), ``error`` (the verifier failed; reward 0).
+gold answer is empty or unreadable: a data problem, reward 0), ``error`` (math-verify failed; reward 0).
 """
 
 from __future__ import annotations
@@ -30,18 +30,34 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import ClassVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ClassVar
 
-from rstar_env.data.numbers import compare_number_sets, compare_numbers, parse_number, same_answer
-from rstar_env.format import last_boxed
+from pydantic import BaseModel, ConfigDict, Field
+
+from rstar_env.data.answers import text_answer
+from rstar_env.data.numbers import (
+    compare_number_sets,
+    compare_numbers,
+    parse_number,
+    same_answer,
+    strip_presentation,
+)
+from rstar_env.plugins import plugin_options
 from rstar_env.trajectory import RewardResult
 
 from .extract import Answer, Boxes, locate
 from .pool import VerifierPool
 
 REASONS: tuple[str, ...] = (
-    "exact", "verified", "mismatch", "no_answer", "answer too long", "timeout", "bad_gold", "error",
+    "exact",
+    "verified",
+    "mismatch",
+    "no_answer",
+    "answer too long",
+    "timeout",
+    "bad_gold",
+    "error",
 )
 
 # Verdicts that depend on the inputs only (not on load), and so may be cached.
@@ -56,68 +72,69 @@ def _close_all() -> None:
         reward.close()
 
 
+class MathOptions(BaseModel):
+    """The ``math`` reward's options (``reward: {name: math, options: {...}}``), checked when a config loads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    answer_block: bool = True
+    """Read the answer from the last ``<answer>`` block (see :mod:`.extract`)."""
+    boxed: bool = True
+    """Read the ``\\boxed{}`` inside it."""
+    fallback: bool = True
+    """With no answer block, read the last ``\\boxed{}`` of the whole response."""
+    boxes: Boxes = "final"
+    """``final``: the final run of boxes is one answer; ``last``: the last box only (the rStar reference's rule)."""
+    last_number: bool = False
+    """With neither, answer with the last number: only for models too small to follow any format."""
+    max_answer_chars: int = Field(8192, ge=1)
+    """An answer block longer than this, with no box, scores 0 as ``answer too long``."""
+    timeout_s: float = Field(3.0, gt=0)
+    """Hard wall-clock limit of one math-verify comparison, in seconds."""
+    memory_mb: int = Field(1024, ge=0)
+    """Address-space limit of each worker process in MiB; 0 for none."""
+    workers: int | None = Field(None, ge=1)
+    """Worker processes, started on first use; ``None``: the CPUs this process may use, at most 8."""
+    cache_size: int = Field(10_000, ge=0)
+    """Verdicts remembered per ``(answer, gold)`` (a group's rollouts often agree); 0 disables the cache."""
+
+
 class MathReward:
     """Reward 1.0 when the extracted final answer equals the gold answer, else 0.0.
 
-    Options: ``answer_block``, ``boxed``, ``fallback``, ``boxes`` (where the answer is read from, see
-    :mod:`.extract`; ``boxes="last"`` is the rStar reference's last-``\\boxed{}`` rule), ``last_number`` (only for
-    models too small to follow any format); ``max_answer_chars`` (an answer block longer than this, with no box,
-    scores 0 as ``answer too long``); ``timeout_s`` (hard wall-clock limit per math-verify comparison);
-    ``memory_mb`` (address-space limit per worker, 0 for none); ``workers`` (worker processes, started on first
-    use; default: the CPUs this process may use, at most 8); ``cache_size`` (verdicts remembered per
-    ``(answer, gold)``: a group's rollouts often agree, 0 disables).
+    Options: :class:`MathOptions` (where the answer is read from, time and memory limits, workers, cache), given as
+    the model or as keywords: ``MathReward(timeout_s=1.0, workers=2)``. A bad value raises
+    :class:`~rstar_env.plugins.OptionsError` (a ``ValueError``) naming the option.
 
     ``score`` / ``score_batch`` are coroutines; ``score_sync`` is the blocking form for threads and scripts.
-    ``timeout_s`` bounds each comparison once a worker has it; the first comparison after construction also waits
-    for the workers to start (about half a second), which ``start(wait=True)`` pays up front, and when every worker
-    is busy a comparison waits its turn.
+    ``timeout_s`` bounds an answer's own work, not its wait for a worker. The workers are shared fairly between
+    calls: a comparison that has run ``timeout_s / 4`` (at most 0.5 s) while another call's answers wait yields
+    to them and gets one full attempt of ``timeout_s`` later, or a ``timeout`` verdict within ``4 * timeout_s``
+    of its request when slow answers leave no room for it (see :mod:`.pool`); within one ``score_batch`` the
+    order is first come. Keep the env's ``reward_timeout_s`` above ``4 * timeout_s``. The first comparison after
+    construction also waits for the workers to start, which ``start(wait=True)`` pays up front.
     Call ``close()`` (or use ``with``) to stop the workers; they are also stopped at interpreter exit. A closed
     reward restarts its workers if used again.
     """
 
     name: ClassVar[str] = "math"
+    options_model: ClassVar[type[BaseModel]] = MathOptions
 
-    def __init__(
-        self,
-        *,
-        answer_block: bool = True,
-        boxed: bool = True,
-        fallback: bool = True,
-        boxes: Boxes = "final",
-        last_number: bool = False,
-        max_answer_chars: int = 8192,
-        timeout_s: float = 3.0,
-        memory_mb: int = 1024,
-        workers: int | None = None,
-        cache_size: int = 10_000,
-    ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"math reward: timeout_s must be > 0 seconds, got {timeout_s}")
-        if workers is None:
-            workers = default_workers()
-        if workers < 1:
-            raise ValueError(f"math reward: workers must be >= 1, got {workers}")
-        if memory_mb < 0:
-            raise ValueError(f"math reward: memory_mb must be >= 0 (0 disables the limit), got {memory_mb}")
-        if boxes not in ("final", "last"):
-            raise ValueError(f"math reward: boxes must be 'final' (the final run of boxes is one answer) or 'last' "
-                             f"(the last box only, as the rStar reference), got {boxes!r}")
-        if max_answer_chars < 1:
-            raise ValueError(f"math reward: max_answer_chars must be >= 1, got {max_answer_chars}")
-        self.answer_block = answer_block
-        self.boxed = boxed
-        self.fallback = fallback
-        self.boxes: Boxes = boxes
-        self.last_number = last_number
-        self.max_answer_chars = int(max_answer_chars)
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.workers = int(workers)
-        self.cache_size = int(cache_size)
+    def __init__(self, options: MathOptions | None = None, **settings: Any) -> None:
+        self.options = opts = plugin_options(MathOptions, options, settings)
+        self.answer_block = opts.answer_block
+        self.boxed = opts.boxed
+        self.fallback = opts.fallback
+        self.boxes: Boxes = opts.boxes
+        self.last_number = opts.last_number
+        self.max_answer_chars = opts.max_answer_chars
+        self.timeout_s = opts.timeout_s
+        self.memory_mb = opts.memory_mb
+        self.workers = opts.workers if opts.workers is not None else default_workers()
+        self.cache_size = opts.cache_size
         self._cache: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: VerifierPool | None = None
-        self._executor: ThreadPoolExecutor | None = None
         self._extractor: ThreadPoolExecutor | None = None
         self._executor_pid = os.getpid()
         _live.add(self)
@@ -129,30 +146,23 @@ class MathReward:
 
     async def score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[RewardResult]:
         """Score ``(response, answer)`` pairs: extraction and the fast path in a helper thread (off the event loop),
-        the rest in batches, one per worker. Results are in input order."""
+        the rest queued for the workers, no thread held while they wait. Results are in input order."""
         loop = asyncio.get_running_loop()
-        pairs = list(pairs)
-        prepared = await loop.run_in_executor(self._get_extractor(), self._prepare_all, pairs)
-        pending = [(i, item) for i, item in enumerate(prepared) if not isinstance(item, RewardResult)]
-        results: list[RewardResult | None] = [item if isinstance(item, RewardResult) else None for item in prepared]
-        if pending:
-            executor = self._get_executor()
-            # Interleaved slices, so each worker gets a like share of easy and hard comparisons.
-            slices = [pending[k :: self.workers] for k in range(min(self.workers, len(pending)))]
-            answers = await asyncio.gather(*(
-                loop.run_in_executor(executor, self._slow_many, [item for _, item in part]) for part in slices
-            ))
-            for part, verdicts in zip(slices, answers, strict=True):
-                for (i, _), result in zip(part, verdicts, strict=True):
-                    results[i] = result
-        return [r for r in results if r is not None]
+        staged = await loop.run_in_executor(self._get_extractor(), self._stage_all, list(pairs))
+        waiting = [(i, item) for i, item in enumerate(staged) if isinstance(item, _Pending)]
+        if waiting:
+            # Cancelling this coroutine (the env's reward_timeout_s) cancels the comparisons not yet started.
+            verdicts = await asyncio.gather(*(asyncio.wrap_future(item.future) for _, item in waiting))
+            for (i, item), verdict in zip(waiting, verdicts, strict=True):
+                staged[i] = self._settled(item, verdict)
+        return [item for item in staged if isinstance(item, RewardResult)]
 
     def score_sync(self, response: str, answer: str) -> RewardResult:
         """Blocking ``score``, callable from any thread (including one that runs an event loop's callbacks)."""
-        item = self._prepare(response, answer)
-        if isinstance(item, RewardResult):
-            return item
-        return self._slow_many([item])[0]
+        [item] = self._stage_all([(response, answer)])
+        if isinstance(item, _Pending):
+            return self._settled(item, item.future.result())
+        return item
 
     def extract(self, response: str) -> str | None:
         """The final answer this reward reads from ``response`` (``None`` if there is none); several boxes read as
@@ -162,8 +172,14 @@ class MathReward:
 
     def locate(self, response: str) -> Answer | None:
         """The located answer (:class:`.extract.Answer`) with this reward's options."""
-        return locate(response, answer_block=self.answer_block, boxed=self.boxed, fallback=self.fallback,
-                      last_number=self.last_number, boxes=self.boxes)
+        return locate(
+            response,
+            answer_block=self.answer_block,
+            boxed=self.boxed,
+            fallback=self.fallback,
+            last_number=self.last_number,
+            boxes=self.boxes,
+        )
 
     def start(self, wait: bool = False) -> None:
         """Start the worker processes now (otherwise they start on the first comparison that needs them);
@@ -186,13 +202,11 @@ class MathReward:
         """Stop the workers and the helper threads. Safe to call twice; using the reward again restarts them."""
         with self._lock:
             pool, self._pool = self._pool, None
-            executor, self._executor = self._executor, None
             extractor, self._extractor = self._extractor, None
         if pool is not None:
             pool.close()
-        for ex in (executor, extractor):
-            if ex is not None:
-                ex.shutdown(wait=False, cancel_futures=True)
+        if extractor is not None:
+            extractor.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> MathReward:
         return self
@@ -216,19 +230,30 @@ class MathReward:
         if found is None:
             return RewardResult(0.0, None, "no_answer")
         answer = str(answer)  # datasets sometimes store numeric answers as numbers
+        gold_plain, gold = _gold_forms(answer)
+        gold_words = text_answer(gold_plain)
+        if gold_words is not None:
+            # A word answer ("Yes", "\text{odd}"): its case says nothing, and math-verify cannot read it bare.
+            pred_words = text_answer(found.single if found.single is not None else found.text)
+            if pred_words is not None:
+                same = pred_words == gold_words
+                return RewardResult(float(same), found.shown, "exact" if same else "mismatch")
+            if "\\" not in gold and "$" not in gold:
+                gold = f"\\text{{{gold_plain.strip()}}}"  # so math-verify reads it, rather than call it bad
         if found.single is not None:
-            if same_answer(found.single, _gold_text(answer)):
+            single = strip_presentation(found.single)
+            if same_answer(single, gold_plain):
                 return RewardResult(1.0, found.shown, "exact")
-            pred_num = parse_number(found.single)
+            pred_num = parse_number(single)
             if pred_num is not None:
-                gold_num = parse_number(_gold_text(answer))
+                gold_num = parse_number(gold_plain)
                 if gold_num is not None:
                     decided = compare_numbers(pred_num, gold_num)
                     if decided is True:
                         return RewardResult(1.0, found.shown, "exact")
                     if decided is False:
                         return RewardResult(0.0, found.shown, "mismatch")
-            decided = compare_number_sets(found.single, _gold_text(answer))
+            decided = compare_number_sets(single, strip_presentation(gold_plain))
             if decided is not None:
                 return RewardResult(float(decided), found.shown, "exact" if decided else "mismatch")
         text = found.text
@@ -237,44 +262,46 @@ class MathReward:
             if found.boxes is None or len(found.boxes) > self.max_answer_chars:
                 return RewardResult(0.0, None, "answer too long")
             text = found.boxes
-        return text, answer, found.shown
+        return text, gold, found.shown
 
-    def _slow_many(self, items: list[tuple[str, str, str]]) -> list[RewardResult]:
-        verdicts: list[tuple[str, str] | None] = [self._cache_get((text, gold)) for text, gold, _ in items]
-        missing = [i for i, verdict in enumerate(verdicts) if verdict is None]
-        if missing:
-            # A pool that cannot start (math-verify missing, a broken interpreter) raises RuntimeError with the
-            # worker's stderr: that is a broken install, not bad model output, and must not silently score 0.
-            fresh = self._get_pool().run_many([(items[i][0], items[i][1]) for i in missing])
-            for i, verdict in zip(missing, fresh, strict=True):
-                verdicts[i] = verdict
-                if verdict[0] in _CACHEABLE:
-                    self._cache_put((items[i][0], items[i][1]), verdict)
-        out = []
-        for (_, _, shown), verdict in zip(items, verdicts, strict=True):
-            assert verdict is not None
-            out.append(RewardResult(1.0 if verdict[0] == "verified" else 0.0, shown, verdict[0]))
-        return out
+    def _stage_all(self, pairs: list[tuple[str, str]]) -> list[RewardResult | _Pending]:
+        """Extraction, the fast path and the verdict cache; what is left is submitted to the pool (never waits)."""
+        staged: list[RewardResult | _Pending] = []
+        sends: list[_Pending] = []
+        for item in self._prepare_all(pairs):
+            if isinstance(item, RewardResult):
+                staged.append(item)
+                continue
+            text, gold, shown = item
+            cached = self._cache_get((text, gold))
+            if cached is not None:
+                staged.append(_result(cached, shown))
+            else:
+                pending = _Pending(text, gold, shown)
+                sends.append(pending)
+                staged.append(pending)
+        if sends:
+            # A pool that cannot start (math-verify missing, a broken interpreter) settles the futures with
+            # RuntimeError and the worker's stderr: a broken install, not bad model output, never a silent 0.
+            futures = self._get_pool().submit([(item.text, item.gold) for item in sends])
+            for item, future in zip(sends, futures, strict=True):
+                item.future = future
+        return staged
+
+    def _settled(self, item: _Pending, verdict: tuple[str, str]) -> RewardResult:
+        if verdict[0] in _CACHEABLE:
+            self._cache_put((item.text, item.gold), verdict)
+        return _result(verdict, item.shown)
 
     def _get_pool(self) -> VerifierPool:
         with self._lock:
             if self._pool is not None and self._pool.owner_pid != os.getpid():
                 # Forked (a data-loader worker, say): the workers and threads belong to the parent; start afresh.
                 self._pool.close()
-                self._pool, self._executor, self._extractor = None, None, None
+                self._pool, self._extractor = None, None
             if self._pool is None:
                 self._pool = VerifierPool(self.workers, self.timeout_s, self.memory_mb)
             return self._pool
-
-    def _get_executor(self) -> ThreadPoolExecutor:
-        # One thread per worker process: each thread blocks on one batch, so more would only queue.
-        with self._lock:
-            if self._executor_pid != os.getpid():  # forked: the parent's threads are not ours
-                self._executor_pid = os.getpid()
-                self._executor, self._extractor = None, None
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="math-reward")
-            return self._executor
 
     def _get_extractor(self) -> ThreadPoolExecutor:
         # Extraction and the fast path are linear and short, but a megabyte response still takes milliseconds:
@@ -282,7 +309,7 @@ class MathReward:
         with self._lock:
             if self._executor_pid != os.getpid():  # forked: the parent's threads are not ours
                 self._executor_pid = os.getpid()
-                self._executor, self._extractor = None, None
+                self._extractor = None
             if self._extractor is None:
                 self._extractor = ThreadPoolExecutor(2, thread_name_prefix="math-reward-extract")
             return self._extractor
@@ -305,6 +332,20 @@ class MathReward:
                 self._cache.popitem(last=False)
 
 
+class _Pending:
+    """A comparison sent to the worker pool; its verdict comes in ``future``."""
+
+    __slots__ = ("future", "gold", "shown", "text")
+
+    def __init__(self, text: str, gold: str, shown: str) -> None:
+        self.text, self.gold, self.shown = text, gold, shown
+        self.future: Future[tuple[str, str]] = Future()
+
+
+def _result(verdict: tuple[str, str], shown: str) -> RewardResult:
+    return RewardResult(1.0 if verdict[0] == "verified" else 0.0, shown, verdict[0])
+
+
 def default_workers() -> int:
     """The CPUs this process may use (its affinity mask), at most 8: math-verify is CPU-bound, one per core."""
     try:
@@ -314,7 +355,14 @@ def default_workers() -> int:
     return max(1, min(8, cpus))
 
 
-def _gold_text(answer: str) -> str:
-    # Gold answers sometimes arrive as a whole solution or "\boxed{...}"; the number is in the box.
-    inner = last_boxed(answer) if "\\box" in answer or "\\fbox" in answer else None
-    return inner if inner is not None else answer
+def _gold_forms(answer: str) -> tuple[str, str]:
+    """``(plain, text)``: the gold as the fast path reads it, and as math-verify reads it.
+
+    Gold answers sometimes arrive as a whole solution or ``\\boxed{...}``: the answer is their final run of
+    boxes, found as in a response (:mod:`.extract`), so ``\\boxed{1}, \\boxed{2}`` is the list ``1, 2`` (never
+    its last box alone) and math-verify reads gold and answer boxes alike."""
+    if "\\box" in answer or "\\fbox" in answer:
+        found = locate(answer, answer_block=False, boxed=True, fallback=True, boxes="final")
+        if found is not None:
+            return found.shown, answer if found.single is not None else found.text
+    return answer, answer

@@ -1,28 +1,57 @@
-"""A pool of math-verify worker processes with a hard wall-clock limit per comparison.
+"""A pool of math-verify worker processes: a hard wall-clock limit per comparison, and a queue that is fair to
+ordinary answers when pathological ones arrive in bulk.
 
-:meth:`VerifierPool.run_many` is blocking and thread-safe: it takes an idle worker, sends a batch of comparisons in
-one message and waits at most ``timeout_s`` for each verdict (the worker answers item by item). A worker that has
-not answered by then is killed (``SIGKILL``) and replaced at once, so a pathological expression costs its caller
-exactly the timeout and costs the pool one process start (about a quarter of a second, paid by the replacement in
-the background). Workers are plain ``subprocess`` children running :mod:`._worker`, so the pool works the same under
-any ``multiprocessing`` start method, from any thread, and never re-imports the caller's ``__main__``.
+:meth:`VerifierPool.submit` queues comparisons and returns one :class:`~concurrent.futures.Future` each;
+:meth:`VerifierPool.run_many` is its blocking form. Both are thread-safe and create no asyncio object, so the
+reward plugin awaits the futures from whichever event loop it runs on. Each worker process has one dispatcher
+thread that feeds it, a batch of comparisons per message, and waits for each verdict under its own deadline. A
+worker that has not answered by then is killed (``SIGKILL``) and replaced at once. Workers are plain
+``subprocess`` children running :mod:`._worker`, so the pool works the same under any ``multiprocessing`` start
+method, from any thread, and never re-imports the caller's ``__main__``.
 
-No asyncio object is created here: the reward plugin reaches the pool through ``run_in_executor``, which keeps it
-usable from one event loop after another.
+**Scheduling.** The pool is shared by every episode of a process and has few workers (one per CPU). With a
+first-come queue, a burst of pathological answers that each run to the timeout holds every worker for
+``answers x timeout_s / workers`` seconds, and an ordinary answer behind them waits as long: past the env's
+``reward_timeout_s``, its episode ended unscored (``env_error``), and so did the last slow answers. Here:
+
+* **Fair between requests.** Each :meth:`~VerifierPool.submit` is a request (one episode's answer, or one
+  trainer's batch). A first attempt may run the full ``timeout_s``, but once it has run ``probe_s`` (half a second
+  at the default ``timeout_s`` of 3 s; nearly every comparison takes milliseconds) while comparisons of another
+  request wait, the worker stops it (``SIGUSR1``) and it joins a second queue. So an ordinary answer waits behind
+  at most ``probe_s`` of each answer ahead of it, never a whole timeout. Within one request nothing is preempted
+  (its caller waits for all of it anyway), and on an idle pool a slow comparison runs to its timeout, as alone.
+* **Untried comparisons first, then one full attempt.** A preempted comparison gets one attempt of the full
+  ``timeout_s`` when a worker has no untried comparison to run, or before them once its deadline nears (it is
+  due ``latency_s - 2 x timeout_s`` after its request). Its own work is at most ``probe_s + timeout_s``; waiting
+  in either queue is not work and is not held against it.
+* **Bounded latency for slow answers.** A preempted comparison that cannot start its full attempt in time to
+  finish within ``latency_s`` of its request (more of them due at once than there are workers) is a ``timeout``
+  at once: it has shown it is slow, and its caller must not wait on it without end. So a burst of pathological
+  answers scores ``timeout`` (reward 0) within ``latency_s`` each, rather than ending unscored when the caller's
+  own limit (the env's ``reward_timeout_s``) runs out, and the ordinary answers among them are judged as they
+  would be alone.
+
+A comparison that ignores its worker's timer and the preemption signal (stuck in C code, where no signal handler
+runs) is killed at its hard limit, ``timeout_s``, as it would be alone; its verdict is ``timeout``. A worker that
+starts (or restarts after a kill) takes no comparison until it is ready, so the others run them meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-import queue
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import IO
 
@@ -30,17 +59,19 @@ Verdict = tuple[str, str]
 """``(code, detail)``: code is ``verified``, ``mismatch``, ``bad_gold``, ``timeout`` or ``error``."""
 
 _WORKER_MODULE = "rstar_plugins.rewards._worker"
+_MAX_BATCH = 8
+"""Untried comparisons sent to a worker in one message: fewer messages, and little waiting behind a slow one."""
 
 
 class _Worker:
     """One worker process and its two pipe ends."""
 
-    def __init__(self, memory_mb: int, soft_timeout_s: float) -> None:
+    def __init__(self, memory_mb: int) -> None:
         # stderr goes to an anonymous file rather than a pipe: a chatty worker can never block on a full pipe,
         # and a worker that dies at start-up leaves its traceback for the error message.
         self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in kill())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", _WORKER_MODULE, str(memory_mb), f"{soft_timeout_s:.3f}"],
+            [sys.executable, "-m", _WORKER_MODULE, str(memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -53,14 +84,18 @@ class _Worker:
         self.proc.stdin.close()
         self.ready = False
 
-    def wait_ready(self, timeout_s: float) -> None:
+    def wait_ready(self, timeout_s: float, stop: Callable[[], bool]) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.reader.poll(0.05):
+            if stop():
+                raise RuntimeError("the VerifierPool was closed while a worker started")
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(self._startup_failure(timeout_s))
         try:
             message = self.reader.recv()
         except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)  # it closed its pipe on the way out: report its exit, not a timeout
             raise RuntimeError(self._startup_failure(timeout_s)) from None
         if not (isinstance(message, tuple) and message[:1] == ("ready",)):
             raise RuntimeError(f"math-verify worker sent {message!r} instead of its ready message")
@@ -77,9 +112,13 @@ class _Worker:
             f"importable. Worker stderr:\n{tail or '(empty)'}"
         )
 
-    def kill(self) -> None:
+    def signal_kill(self) -> None:
+        """Kill the process, leaving the pipes to the thread that reads them (closing them under it is a race)."""
         with contextlib.suppress(OSError):
             self.proc.kill()
+
+    def kill(self) -> None:
+        self.signal_kill()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=5)
         for end in (self.reader, self.writer):
@@ -89,212 +128,528 @@ class _Worker:
             self.stderr.close()
 
 
-def _kill_all(workers: set[_Worker], owner_pid: int) -> None:
+@dataclass
+class _Config:
+    """The pool's limits, shared with its dispatcher threads (see :class:`VerifierPool`)."""
+
+    timeout_s: float
+    soft_timeout_s: float
+    probe_s: float
+    latency_s: float
+    memory_mb: int
+    startup_timeout_s: float
+    worker_timer: bool = True
+
+
+class _Task:
+    """One comparison and its future. ``request``: which :meth:`VerifierPool.submit` it came from; ``deadline``: by
+    when a preempted comparison must have its verdict."""
+
+    __slots__ = ("deadline", "future", "gold", "pred", "request", "started")
+
+    def __init__(self, pred: str, gold: str, request: int, deadline: float) -> None:
+        self.pred, self.gold, self.request, self.deadline = pred, gold, request, deadline
+        self.future: Future[Verdict] = Future()
+        self.started = False
+
+
+class _Slot:
+    """A worker process's place in the pool, fed by one dispatcher thread."""
+
+    def __init__(self) -> None:
+        self.worker: _Worker | None = None
+        self.error: str | None = None  # why the last start failed (reported by start(wait=True))
+        self.warm: deque[tuple[list[tuple[str, str]], Future[None]]] = deque()
+
+
+def _settle(task: _Task, verdict: Verdict | BaseException) -> None:
+    with contextlib.suppress(Exception):  # cancelled while queued, or closed: nobody is waiting
+        if isinstance(verdict, BaseException):
+            task.future.set_exception(verdict)
+        else:
+            task.future.set_result(verdict)
+
+
+class _Scheduler:
+    """The queues, the workers and their dispatcher threads. Kept apart from :class:`VerifierPool` so the threads
+    do not keep the pool alive: a pool dropped without ``close()`` is closed when collected."""
+
+    def __init__(self, config: _Config) -> None:
+        self.config = config
+        self.cv = threading.Condition()
+        self.fresh: deque[_Task] = deque()  # not yet tried: served first
+        self.waiting: dict[int, int] = {}  # request -> its comparisons in ``fresh``
+        self.slow: list[_Task] = []  # preempted after its probe: one full attempt when a worker is free
+        self.requests = 0
+        self.slots: list[_Slot] = []
+        self.procs: set[_Worker] = set()
+        self.closed = False
+        self.kills = 0
+
+    # -- queue -------------------------------------------------------------------------------------------------------
+    def submit(self, items: Sequence[tuple[str, str]], latency_s: float) -> list[Future[Verdict]]:
+        deadline = time.monotonic() + latency_s
+        with self.cv:
+            if self.closed:
+                raise RuntimeError("this VerifierPool is closed; create a new one")
+            self.requests += 1
+            tasks = [_Task(pred, gold, self.requests, deadline) for pred, gold in items]
+            self._queue_locked(tasks, front=False)
+        return [t.future for t in tasks]
+
+    def _queue_locked(self, tasks: list[_Task], front: bool) -> None:
+        if front:
+            self.fresh.extendleft(reversed(tasks))
+        else:
+            self.fresh.extend(tasks)
+        for task in tasks:
+            self.waiting[task.request] = self.waiting.get(task.request, 0) + 1
+        self.cv.notify_all()
+
+    def others_wait(self, request: int) -> bool:
+        """Whether comparisons of another request wait for a worker."""
+        with self.cv:
+            return len(self.waiting) > 1 or (len(self.waiting) == 1 and request not in self.waiting)
+
+    def next_job(self, slot: _Slot) -> tuple[str, list[_Task]] | None:
+        """``("warm", [])`` (the slot's warm-up list is next), ``("first", untried)``, ``("full", [preempted])``,
+        or ``None`` once the pool is closed."""
+        with self.cv:
+            while True:
+                if self.closed:
+                    return None
+                if slot.warm:
+                    return "warm", []
+                self._expire_locked()
+                due = self._take_slow_locked(due_only=True)
+                if due is not None:
+                    return "full", [due]
+                batch = self._take_fresh_locked()
+                if batch:
+                    return "first", batch
+                rest = self._take_slow_locked(due_only=False)
+                if rest is not None:
+                    return "full", [rest]
+                self.cv.wait()
+
+    def _take_slow_locked(self, due_only: bool) -> _Task | None:
+        """The preempted comparison with the earliest deadline; with ``due_only``, only one whose deadline nears."""
+        if not self.slow:
+            return None
+        task = min(self.slow, key=lambda t: t.deadline)
+        if due_only and time.monotonic() < task.deadline - 2 * self.config.timeout_s:
+            return None
+        self.slow.remove(task)
+        return task
+
+    def _take_fresh_locked(self) -> list[_Task]:
+        size = max(1, min(_MAX_BATCH, math.ceil(len(self.fresh) / max(1, len(self.slots)))))
+        batch: list[_Task] = []
+        while self.fresh and len(batch) < size:
+            task = self.fresh.popleft()
+            left = self.waiting[task.request] - 1
+            if left:
+                self.waiting[task.request] = left
+            else:
+                del self.waiting[task.request]
+            if not task.started:
+                if not task.future.set_running_or_notify_cancel():
+                    continue  # its caller gave up (the env's own limit, a cancelled step): no work for it
+                task.started = True
+            batch.append(task)
+        return batch
+
+    def expire(self) -> None:
+        with self.cv:
+            self._expire_locked()
+
+    def _expire_locked(self) -> None:
+        """Slow comparisons whose full attempt can no longer end by their deadline are timeouts now."""
+        if not self.slow:
+            return
+        latest_start = time.monotonic() + self.config.timeout_s
+        keep: list[_Task] = []
+        for task in self.slow:
+            if latest_start > task.deadline:
+                _settle(task, self._congested())
+            else:
+                keep.append(task)
+        self.slow = keep
+
+    def _congested(self) -> Verdict:
+        c = self.config
+        return (
+            "timeout",
+            f"math-verify ran past {c.probe_s:.2f}s while other answers waited, and no worker was "
+            f"free for a full {c.timeout_s:g}s attempt within {c.latency_s:g}s of the request (the "
+            "workers were busy with other slow answers)",
+        )
+
+    def to_slow(self, task: _Task) -> None:
+        with self.cv:
+            if self.closed:
+                _settle(task, RuntimeError("the VerifierPool was closed before this comparison ended"))
+            elif time.monotonic() + self.config.timeout_s > task.deadline:
+                _settle(task, self._congested())
+            else:
+                self.slow.append(task)
+                self.cv.notify()
+
+    def requeue(self, tasks: list[_Task]) -> None:
+        """Untried comparisons of a batch whose worker died go back to the front, in order."""
+        if not tasks:
+            return
+        with self.cv:
+            if self.closed:
+                for task in tasks:
+                    _settle(task, RuntimeError("the VerifierPool was closed before this comparison ended"))
+                return
+            self._queue_locked(tasks, front=True)
+
+    # -- workers -----------------------------------------------------------------------------------------------------
+    def spawn(self, slot: _Slot) -> None:
+        with self.cv:
+            if self.closed:
+                return
+            worker = _Worker(self.config.memory_mb)
+            self.procs.add(worker)
+            slot.worker = worker
+
+    def retire(self, slot: _Slot, replace: bool) -> None:
+        worker, slot.worker = slot.worker, None
+        if worker is not None:
+            worker.kill()
+            with self.cv:
+                self.procs.discard(worker)
+        if replace:
+            self.spawn(slot)  # starts warming now, while this thread reports the verdict
+
+    def ensure_ready(self, slot: _Slot) -> _Worker:
+        if slot.worker is None:
+            self.spawn(slot)
+        worker = slot.worker
+        if worker is None:
+            raise RuntimeError("this VerifierPool is closed; create a new one")
+        if not worker.ready:
+            try:
+                worker.wait_ready(self.config.startup_timeout_s, lambda: self.closed)
+            except RuntimeError as exc:
+                slot.error = str(exc)
+                self.retire(slot, replace=False)
+                raise
+            slot.error = None
+        return worker
+
+    def serve(self, slot: _Slot) -> None:
+        """A dispatcher thread: start the worker, then feed it until the pool closes."""
+        try:
+            while True:
+                # Take work only with a ready worker: a replacement starting (seconds) must not hold comparisons
+                # that the other workers could run. A failure to start is reported to start(wait=True), and to
+                # the requests this slot takes next (it tries again for them).
+                if slot.worker is None or not slot.worker.ready:
+                    with contextlib.suppress(RuntimeError):
+                        self.ensure_ready(slot)
+                job = self.next_job(slot)
+                if job is None:
+                    return
+                kind, tasks = job
+                if kind == "warm":
+                    with self.cv:
+                        items, done = slot.warm.popleft()
+                    self.run_warm(slot, items, done)
+                    continue
+                try:
+                    self.ensure_ready(slot)
+                except RuntimeError as exc:
+                    for task in tasks:
+                        _settle(task, RuntimeError(str(exc)))
+                    continue
+                self.run_tasks(slot, tasks, first=kind == "first")
+        finally:
+            self.retire(slot, replace=False)
+            with self.cv:
+                pending = [done for _, done in slot.warm]
+                slot.warm.clear()
+            for done in pending:
+                with contextlib.suppress(Exception):
+                    done.set_exception(RuntimeError("the VerifierPool was closed"))
+
+    def run_tasks(self, slot: _Slot, tasks: list[_Task], first: bool) -> None:
+        """Send ``tasks`` to the slot's worker in one message and settle each as its verdict comes. ``first``:
+        untried comparisons, each preempted once it has run ``probe_s`` while others wait."""
+        c = self.config
+        worker = slot.worker
+        assert worker is not None
+        yield_s = c.probe_s if first else 0.0
+        try:
+            worker.writer.send([(t.pred, t.gold, c.soft_timeout_s if c.worker_timer else 0.0, yield_s) for t in tasks])
+        except OSError as exc:
+            self.retire(slot, replace=True)
+            self._fail_or_close(tasks[0], f"math-verify worker died ({type(exc).__name__}); replaced")
+            self.requeue(tasks[1:])
+            return
+        for i, task in enumerate(tasks):
+            try:
+                others = any(t.request != task.request for t in tasks[i + 1 :]) if first else None
+                reply = self._await_reply(worker, task.request, others)
+                if isinstance(reply, str):
+                    with self.cv:
+                        self.kills += 1
+                    self.retire(slot, replace=True)
+                    _settle(task, ("timeout", f"{reply}; worker killed and replaced"))
+                    self.requeue(tasks[i + 1 :])
+                    return
+                _, code, detail, exiting = reply
+            except (EOFError, OSError) as exc:
+                # The worker died under this item (memory limit hit in C code, a crash) or the pool closed.
+                self.retire(slot, replace=True)
+                self._fail_or_close(task, f"math-verify worker died ({type(exc).__name__}); replaced")
+                self.requeue(tasks[i + 1 :])
+                return
+            if code == "preempted":
+                self.to_slow(task)
+            else:
+                _settle(task, (code, detail))
+            # Between verdicts (at most a timeout apart), slow comparisons that can no longer start in time get
+            # theirs, even while every worker is busy: none waits past its deadline for a free dispatcher.
+            self.expire()
+            if exiting or worker.proc.poll() is not None:
+                self.retire(slot, replace=True)  # it exits after a MemoryError: do not give it more work
+                self.requeue(tasks[i + 1 :])
+                return
+
+    def _await_reply(self, worker: _Worker, request: int, batch_waits: bool | None) -> tuple | str:
+        """The worker's next reply, or why it must be killed (a string). ``batch_waits``: ``None`` for a full
+        attempt (never preempted); else whether comparisons of another request wait later in the same batch.
+
+        A first attempt that has run ``probe_s`` while others wait gets one ``SIGUSR1``. One stuck in C code
+        answers it only when it returns, so it is then held to the hard limit like any other: killing it sooner
+        would cost a worker restart (seconds of CPU) that the hard limit may never need."""
+        c = self.config
+        started = time.monotonic()
+        hard = started + c.timeout_s
+        preemptible = batch_waits is not None
+        while True:
+            now = time.monotonic()
+            if not preemptible:
+                until = hard
+            elif now < started + c.probe_s:
+                until = min(hard, started + c.probe_s)
+            else:
+                until = min(hard, now + 0.05)  # past the probe: look for waiting answers every 50 ms
+            if worker.reader.poll(max(0.0, until - now)):
+                return worker.reader.recv()
+            now = time.monotonic()
+            if now >= hard:
+                return f"no verdict within {c.timeout_s:.2f}s (math-verify ignored its timer)"
+            if preemptible and now >= started + c.probe_s and (batch_waits or self.others_wait(request)):
+                with contextlib.suppress(OSError):
+                    os.kill(worker.proc.pid, signal.SIGUSR1)
+                preemptible = False
+
+    def _fail_or_close(self, task: _Task, detail: str) -> None:
+        if self.closed:
+            _settle(task, RuntimeError("the VerifierPool was closed before this comparison ended"))
+        else:
+            _settle(task, ("error", detail))
+
+    def run_warm(self, slot: _Slot, items: list[tuple[str, str]], done: Future[None]) -> None:
+        c = self.config
+        try:
+            worker = self.ensure_ready(slot)
+        except RuntimeError as exc:
+            done.set_exception(exc)
+            return
+        try:
+            worker.writer.send([(pred, gold, c.soft_timeout_s if c.worker_timer else 0.0, 0.0) for pred, gold in items])
+            for _ in items:
+                if not worker.reader.poll(c.timeout_s):
+                    raise TimeoutError
+                *_, exiting = worker.reader.recv()
+                if exiting:
+                    raise EOFError
+        except (OSError, EOFError):  # TimeoutError is an OSError: a slow or failed worker is replaced
+            self.retire(slot, replace=True)
+        done.set_result(None)
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            pending = list(self.fresh) + list(self.slow)
+            self.fresh.clear()
+            self.waiting.clear()
+            self.slow.clear()
+            workers = list(self.procs)
+            self.cv.notify_all()
+        for task in pending:
+            _settle(task, RuntimeError("the VerifierPool was closed while this comparison waited for a worker"))
+        for worker in workers:
+            # SIGKILL straight away: a worker holds no state worth a graceful exit, and waiting for sympy's
+            # interpreter shutdown would make every close() cost a fraction of a second per worker. Its
+            # dispatcher thread closes the pipes (closing them under its read is a race).
+            worker.signal_kill()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                worker.proc.wait(timeout=5)
+
+
+def _close_scheduler(scheduler: _Scheduler, owner_pid: int) -> None:
     # Runs from weakref.finalize, at garbage collection or at interpreter exit: no worker outlives its pool.
     # A forked child inherits the pool object but not the workers: it must not kill its parent's processes.
-    if os.getpid() != owner_pid:
-        return
-    for worker in list(workers):
-        worker.kill()
-    workers.clear()
+    if os.getpid() == owner_pid:
+        scheduler.close()
 
 
 class VerifierPool:
-    """``workers`` math-verify processes, started lazily on first use.
+    """``workers`` math-verify processes, started lazily on first use, and the fair queue that feeds them.
 
-    ``timeout_s`` is the hard wall-clock limit per comparison (from the moment the request is sent; waiting for a
-    free worker is not counted). ``memory_mb`` is each worker's address-space limit (0: none).
+    ``timeout_s``: the hard wall-clock limit of a comparison's full attempt, from the moment a worker has it.
+    ``probe_s``: how long a first attempt runs before it yields to another request's comparisons (default: a
+    quarter of ``timeout_s``, at most half a second). ``latency_s``: a preempted comparison has its verdict within
+    this many seconds of its submission, a ``timeout`` when the workers had no room for its full attempt
+    (default: 4 x ``timeout_s``).
+    ``memory_mb``: each worker's address-space limit (0: none). See the module docstring for the schedule.
     """
 
-    def __init__(self, workers: int = 2, timeout_s: float = 3.0, memory_mb: int = 1024,
-                 startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 3.0,
+        memory_mb: int = 1024,
+        startup_timeout_s: float = 60.0,
+        *,
+        probe_s: float | None = None,
+        latency_s: float | None = None,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.workers = workers
-        self.timeout_s = float(timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.startup_timeout_s = startup_timeout_s
+        timeout_s = float(timeout_s)
         # The worker's own timer fires a little before the hard kill, so ordinary slow comparisons end with the
         # worker alive; only code that never returns to the interpreter pays a process restart.
-        self.soft_timeout_s = max(0.05, self.timeout_s - min(0.5, 0.2 * self.timeout_s))
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._all: set[_Worker] = set()
-        self._lock = threading.Lock()
-        self._started = False
-        self._closed = False
-        self.kills = 0
-        """How many workers were killed for running past the timeout (for tests and statistics)."""
+        margin_s = min(0.5, 0.2 * timeout_s)
+        probe = float(probe_s) if probe_s is not None else min(0.5, timeout_s / 4)
+        latency = float(latency_s) if latency_s is not None else 4 * timeout_s
+        if not 0 < probe <= timeout_s:
+            raise ValueError(f"probe_s must be > 0 and at most timeout_s ({timeout_s:g}), got {probe:g}")
+        if latency < probe + timeout_s:
+            raise ValueError(
+                f"latency_s must leave room for a probe and a full attempt (>= probe_s + timeout_s = "
+                f"{probe + timeout_s:g}), got {latency:g}"
+            )
+        self.config = _Config(
+            timeout_s=timeout_s,
+            soft_timeout_s=max(0.05, timeout_s - margin_s),
+            probe_s=probe,
+            latency_s=latency,
+            memory_mb=int(memory_mb),
+            startup_timeout_s=startup_timeout_s,
+        )
+        """The limits, read by the dispatcher threads at each comparison (``worker_timer=False``: the workers arm
+        no timer of their own, so only the hard kill ends a comparison; for tests of that kill)."""
         self.owner_pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _kill_all, self._all, self.owner_pid)
+        self._scheduler = _Scheduler(self.config)
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _close_scheduler, self._scheduler, self.owner_pid)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.timeout_s
+
+    @property
+    def probe_s(self) -> float:
+        return self.config.probe_s
+
+    @property
+    def latency_s(self) -> float:
+        return self.config.latency_s
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._scheduler.closed
+
+    @property
+    def kills(self) -> int:
+        """How many workers were killed for running past their hard limit (for tests and statistics)."""
+        return self._scheduler.kills
 
     def pids(self) -> list[int]:
-        with self._lock:
-            return [w.proc.pid for w in self._all]
+        with self._scheduler.cv:
+            return [w.proc.pid for w in self._scheduler.procs]
 
     def start(self, wait: bool = False) -> None:
-        """Start the worker processes now rather than on the first comparison. They load in the background;
-        with ``wait``, return once every idle worker is ready (raises RuntimeError if one cannot start)."""
-        with self._lock:
-            if self._closed:
+        """Start the workers (their dispatcher threads start them); with ``wait``, block until every one is ready,
+        raising ``RuntimeError`` with the worker's stderr when one cannot start."""
+        scheduler = self._scheduler
+        with self._start_lock:
+            if scheduler.closed:
                 raise RuntimeError("this VerifierPool is closed; create a new one")
             if not self._started:
                 self._started = True
-                for _ in range(self.workers):
-                    self._spawn_locked()
+                for k in range(self.workers):
+                    slot = _Slot()
+                    scheduler.spawn(slot)  # the process starts importing now; its thread waits for it
+                    scheduler.slots.append(slot)
+                    threading.Thread(target=scheduler.serve, args=(slot,), name=f"math-verify-{k}", daemon=True).start()
         if wait:
-            taken: list[_Worker] = []
-            try:
-                while True:  # only idle workers: one in use belongs to the thread that took it
-                    taken.append(self._idle.get_nowait())
-            except queue.Empty:
-                pass
-            try:
-                for worker in taken:
-                    if not worker.ready:
-                        worker.wait_ready(self.startup_timeout_s)
-            finally:
-                for worker in taken:
-                    self._idle.put(worker)
+            deadline = time.monotonic() + self.config.startup_timeout_s
+            for slot in scheduler.slots:
+                while not (slot.worker is not None and slot.worker.ready):
+                    if slot.error is not None:
+                        raise RuntimeError(slot.error)
+                    if scheduler.closed:
+                        raise RuntimeError("this VerifierPool was closed while its workers started")
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"math-verify workers were not ready after {self.config.startup_timeout_s:.0f}s"
+                        )
+                    time.sleep(0.02)
 
-    def _spawn_locked(self) -> None:
-        worker = _Worker(self.memory_mb, self.soft_timeout_s)
-        self._all.add(worker)
-        self._idle.put(worker)
-
-    def _retire(self, worker: _Worker, replace: bool) -> None:
-        worker.kill()
-        with self._lock:
-            self._all.discard(worker)
-            if replace and not self._closed:
-                self._spawn_locked()
-
-    def _acquire(self) -> _Worker:
-        while True:
-            if self._closed:
-                raise RuntimeError("this VerifierPool was closed while a comparison waited for a worker")
-            try:
-                return self._idle.get(timeout=0.2)
-            except queue.Empty:
-                continue
+    def submit(self, items: Sequence[tuple[str, str]]) -> list[Future[Verdict]]:
+        """Queue ``(answer text, gold)`` comparisons; one future each, in order, settled with the verdict (or with
+        ``RuntimeError`` when the workers cannot start or the pool closes). Cancelling a future that has not
+        started spares the workers its comparison. Never blocks on the workers."""
+        self.start()
+        return self._scheduler.submit(items, self.config.latency_s)
 
     def run(self, pred: str, pred_is_latex: bool, gold: str) -> Verdict:
-        """Compare one answer to ``gold`` with math-verify in a worker; blocks at most ``timeout_s`` once sent.
+        """Compare one answer to ``gold`` with math-verify in a worker (blocking).
         ``pred_is_latex``: ``pred`` is a box's content (it is read boxed); otherwise it is answer text."""
         return self.run_many([(f"\\boxed{{{pred}}}" if pred_is_latex else pred, gold)])[0]
 
     def run_many(self, items: Sequence[tuple[str, str]]) -> list[Verdict]:
-        """Compare each ``(answer text, gold)`` with math-verify, the whole list in one message to one worker.
-
-        Each comparison keeps its own hard limit: the worker replies item by item and a reply that takes longer
-        than ``timeout_s`` gets its worker killed; that item is a ``timeout`` and the rest go to another worker.
-        Blocking and thread-safe; call it from several threads to use several workers."""
-        verdicts: list[Verdict | None] = [None] * len(items)
-        todo = list(range(len(items)))
-        while todo:
-            worker = self._ready_worker()
-            try:
-                worker.writer.send([items[i] for i in todo])
-            except OSError as exc:
-                self._retire(worker, replace=True)
-                verdicts[todo[0]] = ("error", f"math-verify worker died ({type(exc).__name__}); replaced")
-                todo = todo[1:]
-                continue
-            done = 0
-            retired = False
-            while done < len(todo):
-                index = todo[done]
-                try:
-                    if not worker.reader.poll(self.timeout_s):
-                        with self._lock:
-                            self.kills += 1
-                        self._retire(worker, replace=True)
-                        verdicts[index] = ("timeout",
-                                           f"no verdict within {self.timeout_s:.2f}s; worker killed and replaced")
-                        done += 1
-                        retired = True
-                        break
-                    _, code, detail, exiting = worker.reader.recv()
-                except (EOFError, OSError) as exc:
-                    # The worker died under this item (memory limit hit in C code, a crash) or the pool closed.
-                    self._retire(worker, replace=True)
-                    verdicts[index] = ("error", f"math-verify worker died ({type(exc).__name__}); replaced")
-                    done += 1
-                    retired = True
-                    break
-                verdicts[index] = (code, detail)
-                done += 1
-                if exiting or worker.proc.poll() is not None:
-                    self._retire(worker, replace=True)  # it exits after a MemoryError: do not hand it out again
-                    retired = True
-                    break
-            if not retired:
-                self._idle.put(worker)
-            todo = todo[done:]
-        return [v for v in verdicts if v is not None]
+        """:meth:`submit` and wait for every verdict (blocking; thread-safe)."""
+        return [future.result() for future in self.submit(items)]
 
     def run_on_every_worker(self, items: Sequence[tuple[str, str]]) -> None:
         """Compare ``items`` on every worker, all at once (each worker gets the whole list): a worker's LaTeX parser
         gets faster as it sees more answers, so this brings all of them to the steady state of a long run, which
         a benchmark then measures. Verdicts are discarded; a worker that fails or times out is replaced."""
         self.start(wait=True)
-        taken: list[_Worker] = []
-        while len(taken) < self.workers:
-            taken.append(self._ready_worker())
-        for worker in taken:
-            with contextlib.suppress(OSError):
-                worker.writer.send(list(items))
-        for worker in taken:
-            healthy = True
-            for _ in items:
-                try:
-                    if not worker.reader.poll(self.timeout_s):
-                        healthy = False
-                        break
-                    *_, exiting = worker.reader.recv()
-                except (EOFError, OSError):
-                    healthy = False
-                    break
-                if exiting:
-                    healthy = False
-                    break
-            if healthy:
-                self._idle.put(worker)
-            else:
-                self._retire(worker, replace=True)
-
-    def _ready_worker(self) -> _Worker:
-        self.start()
-        worker = self._acquire()
-        if not worker.ready:
-            try:
-                worker.wait_ready(self.startup_timeout_s)
-            except RuntimeError:
-                self._retire(worker, replace=not self._closed)
-                raise
-        return worker
+        scheduler = self._scheduler
+        waits: list[Future[None]] = []
+        with scheduler.cv:
+            for slot in scheduler.slots:
+                done: Future[None] = Future()
+                slot.warm.append((list(items), done))
+                waits.append(done)
+            scheduler.cv.notify_all()
+        for done in waits:
+            done.result()
 
     def close(self) -> None:
-        """Stop every worker. Safe to call twice; comparisons waiting for a worker fail with RuntimeError.
+        """Stop every worker. Safe to call twice; comparisons still queued fail with RuntimeError.
         In a forked child this only forgets the workers (they belong to the parent)."""
         if os.getpid() != self.owner_pid:
-            self._closed = True
+            self._scheduler.closed = True
             self._finalizer.detach()
             return
-        with self._lock:
-            self._closed = True
-            workers = list(self._all)
-            self._all.clear()
-        for worker in workers:
-            # SIGKILL straight away: a worker holds no state worth a graceful exit, and waiting for sympy's
-            # interpreter shutdown would make every close() cost a fraction of a second per worker.
-            worker.kill()
         self._finalizer.detach()
+        self._scheduler.close()
 
     def __enter__(self) -> VerifierPool:
         return self

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from rstar_env.plugins import hookimpl
 
-from .basic import GRPOSampler, RejectEqualSampler
-from .roc import RoCSampler, error_penalty, format_penalty, penalty, roc_counts
+from .basic import GRPOOptions, GRPOSampler, RejectEqualSampler
+from .roc import RoCOptions, RoCSampler, error_penalty, format_penalty, penalty, roc_counts
 from .stats import batch_stats, drop_reason, group_stats
 
 
@@ -19,8 +19,10 @@ def rstar_env_samplers() -> list[type]:
 
 
 __all__ = [
+    "GRPOOptions",
     "GRPOSampler",
     "RejectEqualSampler",
+    "RoCOptions",
     "RoCSampler",
     "batch_stats",
     "drop_reason",

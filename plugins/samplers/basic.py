@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
+from rstar_env.plugins import plugin_options
 from rstar_env.sampler import TrajectorySummary
 
 Subsample = Literal["random", "first"]
@@ -43,6 +45,15 @@ def _subsample(n: int, keep: int, how: Subsample, rng: Any) -> list[int]:
     return sorted(int(i) for i in as_generator(rng).choice(n, size=keep, replace=False))
 
 
+class GRPOOptions(BaseModel):
+    """The options of ``grpo`` and ``reject_equal``, checked when a config loads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    subsample: Subsample = "random"
+    """How a group larger than ``keep`` is cut: ``random`` (a uniform draw) or ``first`` (rollout order)."""
+
+
 class GRPOSampler:
     """Plain GRPO: train on the whole group.
 
@@ -54,11 +65,11 @@ class GRPOSampler:
     """
 
     name: ClassVar[str] = "grpo"
+    options_model: ClassVar[type[BaseModel]] = GRPOOptions
 
-    def __init__(self, *, subsample: Subsample = "random") -> None:
-        if subsample not in ("random", "first"):
-            raise ValueError(f"{self.name} sampler: subsample must be 'random' or 'first', got {subsample!r}")
-        self.subsample: Subsample = subsample
+    def __init__(self, options: GRPOOptions | None = None, **settings: Any) -> None:
+        self.options = plugin_options(GRPOOptions, options, settings)
+        self.subsample: Subsample = self.options.subsample
 
     def select(self, group: Sequence[TrajectorySummary], keep: int, rng: Any) -> list[int] | None:
         check_keep(keep)

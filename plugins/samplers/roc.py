@@ -44,14 +44,15 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
+from rstar_env.plugins import plugin_options
 from rstar_env.sampler import TrajectorySummary
 
 from .basic import as_generator, check_keep, rewards_equal
 
 Mode = Literal["topk", "weighted"]
 TurnCount = Literal["all", "after_first"]
-TURN_COUNTS: tuple[str, ...] = ("all", "after_first")
 
 
 def error_penalty(traj: TrajectorySummary, *, no_call_penalty: float = 0.5) -> float:
@@ -130,50 +131,49 @@ def roc_counts(
     return pos_keep, neg_keep
 
 
-class RoCSampler:
-    """GRPO-RoC group sampler; the exact behaviour is in the module docstring.
+class RoCOptions(BaseModel):
+    """The ``roc`` sampler's options (``sampler: {name: roc, options: {...}}``), checked when a config loads."""
 
-    Options: ``min_positive`` / ``min_negative`` (default 2), ``mode`` (``"topk"`` or ``"weighted"``),
-    ``roc_error_ratio`` / ``roc_answer_format`` (switch the two penalty terms), ``eps`` (weighted mode: weight is
-    ``1 / (penalty + eps)``, so a zero-penalty rollout gets a large but finite weight), ``turn_count`` (``"all"``,
-    or ``"after_first"`` as the reference counts) and ``no_call_penalty`` (``p_err`` with no tool call, 0.5).
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_positive: int = Field(2, ge=0)
+    """At least this many positives are kept when the group has them (step 2)."""
+    min_negative: int = Field(2, ge=0)
+    """At least this many negatives are kept when the group has them (step 2)."""
+    mode: Mode = "topk"
+    """``topk``: the lowest penalties (the reference); ``weighted``: drawn with weight ``1 / (penalty + eps)``."""
+    roc_error_ratio: bool = True
+    """Count ``p_err`` (failed tool calls / tool calls) in the penalty."""
+    roc_answer_format: bool = True
+    """Count ``p_format`` (extra answer blocks / turns) in the penalty."""
+    eps: float = Field(1e-2, gt=0)
+    """``weighted`` mode: a zero-penalty rollout gets a large but finite weight ``1 / eps``."""
+    turn_count: TurnCount = "all"
+    """The turns ``p_format`` divides by: ``all``, or ``after_first`` (the reference implementation's count)."""
+    no_call_penalty: float = Field(0.5, ge=0, le=1)
+    """``p_err`` of a rollout that made no tool call: a ratio, 0.5 in the paper and the reference."""
+
+
+class RoCSampler:
+    """GRPO-RoC group sampler; the exact behaviour is in the module docstring, the options in :class:`RoCOptions`.
+
+    Built from a :class:`RoCOptions` or keywords: ``RoCSampler(mode="weighted", eps=0.1)``. A bad value raises
+    :class:`~rstar_env.plugins.OptionsError` (a ``ValueError``) naming the option.
     """
 
     name: ClassVar[str] = "roc"
+    options_model: ClassVar[type[BaseModel]] = RoCOptions
 
-    def __init__(
-        self,
-        *,
-        min_positive: int = 2,
-        min_negative: int = 2,
-        mode: Mode = "topk",
-        roc_error_ratio: bool = True,
-        roc_answer_format: bool = True,
-        eps: float = 1e-2,
-        turn_count: TurnCount = "all",
-        no_call_penalty: float = 0.5,
-    ) -> None:
-        if mode not in ("topk", "weighted"):
-            raise ValueError(f"roc sampler: mode must be 'topk' or 'weighted', got {mode!r}")
-        if min_positive < 0 or min_negative < 0:
-            raise ValueError(f"roc sampler: min_positive and min_negative must be >= 0, got "
-                             f"{min_positive} and {min_negative}")
-        if not eps > 0:
-            raise ValueError(f"roc sampler: eps must be > 0 (weights are 1 / (penalty + eps)), got {eps}")
-        if turn_count not in TURN_COUNTS:
-            raise ValueError(f"roc sampler: turn_count must be 'all' (every assistant turn) or 'after_first' (the "
-                             f"reference implementation's count), got {turn_count!r}")
-        if not 0 <= no_call_penalty <= 1:
-            raise ValueError(f"roc sampler: no_call_penalty is p_err of a rollout with no tool call, a ratio in "
-                             f"[0, 1]; got {no_call_penalty}")
-        self.min_positive = int(min_positive)
-        self.min_negative = int(min_negative)
-        self.mode: Mode = mode
-        self.roc_error_ratio = roc_error_ratio
-        self.roc_answer_format = roc_answer_format
-        self.eps = float(eps)
-        self.turn_count: TurnCount = turn_count
-        self.no_call_penalty = float(no_call_penalty)
+    def __init__(self, options: RoCOptions | None = None, **settings: Any) -> None:
+        self.options = opts = plugin_options(RoCOptions, options, settings)
+        self.min_positive = opts.min_positive
+        self.min_negative = opts.min_negative
+        self.mode: Mode = opts.mode
+        self.roc_error_ratio = opts.roc_error_ratio
+        self.roc_answer_format = opts.roc_answer_format
+        self.eps = opts.eps
+        self.turn_count: TurnCount = opts.turn_count
+        self.no_call_penalty = opts.no_call_penalty
 
     def error_penalty(self, traj: TrajectorySummary) -> float:
         """``p_err`` with this sampler's options (whether or not the term is switched on)."""
@@ -184,8 +184,13 @@ class RoCSampler:
         return format_penalty(traj, turn_count=self.turn_count)
 
     def penalty(self, traj: TrajectorySummary) -> float:
-        return penalty(traj, error_ratio=self.roc_error_ratio, answer_format=self.roc_answer_format,
-                       turn_count=self.turn_count, no_call_penalty=self.no_call_penalty)
+        return penalty(
+            traj,
+            error_ratio=self.roc_error_ratio,
+            answer_format=self.roc_answer_format,
+            turn_count=self.turn_count,
+            no_call_penalty=self.no_call_penalty,
+        )
 
     def select(self, group: Sequence[TrajectorySummary], keep: int, rng: Any) -> list[int] | None:
         check_keep(keep)
@@ -217,7 +222,9 @@ class RoCSampler:
         return sorted(kept)
 
     def __repr__(self) -> str:
-        return (f"RoCSampler(mode={self.mode!r}, min_positive={self.min_positive}, "
-                f"min_negative={self.min_negative}, roc_error_ratio={self.roc_error_ratio}, "
-                f"roc_answer_format={self.roc_answer_format}, eps={self.eps}, turn_count={self.turn_count!r}, "
-                f"no_call_penalty={self.no_call_penalty})")
+        return (
+            f"RoCSampler(mode={self.mode!r}, min_positive={self.min_positive}, "
+            f"min_negative={self.min_negative}, roc_error_ratio={self.roc_error_ratio}, "
+            f"roc_answer_format={self.roc_answer_format}, eps={self.eps}, turn_count={self.turn_count!r}, "
+            f"no_call_penalty={self.no_call_penalty})"
+        )

@@ -96,8 +96,10 @@ def batch_stats(
     """Statistics of one step's sampling: ``selections[i]`` is what the sampler returned for ``groups[i]``."""
     terms = (getattr(sampler, "error_penalty", error_penalty), getattr(sampler, "format_penalty", format_penalty))
     if len(groups) != len(selections):
-        raise ValueError(f"batch_stats: {len(groups)} groups but {len(selections)} selections; pass the "
-                         f"sampler's result (indices or None) for every group")
+        raise ValueError(
+            f"batch_stats: {len(groups)} groups but {len(selections)} selections; pass the "
+            f"sampler's result (indices or None) for every group"
+        )
     counts = dict.fromkeys(("too_small", "all_correct", "all_wrong", "other"), 0)
     pops = {name: _Population() for name in POPULATIONS}
     groups_kept = rollouts = rollouts_kept = positives = negatives = pos_kept = neg_kept = 0

@@ -1,8 +1,8 @@
 """Built-in tool plugins, registered through the ``rstar_env`` entry-point group like a user's."""
 
 from rstar_env.plugins import hookimpl
-from rstar_plugins.tools.python import PythonTool
-from rstar_plugins.tools.python_stdio import PythonStdIOTool
+from rstar_plugins.tools.python import PythonOptions, PythonTool
+from rstar_plugins.tools.python_stdio import PythonStdIOOptions, PythonStdIOTool
 
 
 @hookimpl
@@ -10,4 +10,4 @@ def rstar_env_tools() -> list[type]:
     return [PythonTool, PythonStdIOTool]
 
 
-__all__ = ["PythonStdIOTool", "PythonTool"]
+__all__ = ["PythonOptions", "PythonStdIOOptions", "PythonStdIOTool", "PythonTool"]

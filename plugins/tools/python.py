@@ -9,12 +9,16 @@ Tools built with the same sandbox settings share one sandbox (one warm pool per 
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, ClassVar
 
-from rstar_env.sandbox import ExecResult, Sandbox, create_sandbox
-from rstar_env.tool import EpisodeContext, function_schema
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from rstar_env.plugins import plugin_options
+from rstar_env.runtime import runtime
+from rstar_env.sandbox import BACKENDS, ExecResult, Sandbox, create_sandbox
+from rstar_env.tool import EpisodeContext, tool_schema
 from rstar_env.trajectory import ToolResult
 
 
@@ -29,102 +33,94 @@ def truncate_middle(text: str, limit: int) -> str:
     return f"{text[:head]}\n... [{cut} characters cut] ...\n{text[-tail:]}"
 
 
-class _SharedSandboxes:
-    """Refcounted sandboxes keyed by their settings, so every env in a process shares one warm pool."""
+class SandboxToolOptions(BaseModel):
+    """Options every sandboxed Python tool has (``python`` and ``python_code_with_standard_io``)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], list[Any]] = {}
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def acquire(self, backend: str, options: dict[str, Any]) -> tuple[tuple[str, str], Sandbox]:
-        key = (backend, repr(sorted(options.items())))
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = [create_sandbox(backend, **options), 0]
-            entry[1] += 1
-            return key, entry[0]
+    backend: str = "local"
+    """The sandbox backend: ``local``, ``subprocess``, ``e2b``, ``ray`` (:data:`rstar_env.sandbox.BACKENDS`)."""
+    timeout_s: float = Field(4.0, gt=0)
+    """Wall-clock limit of one call, in seconds (the rStar2-Agent recipe uses 4 s)."""
+    sandbox: SkipJsonSchema[Any] = None
+    """An existing sandbox to use (not closed by this tool), overriding ``backend``; from Python only."""
+    sandbox_options: dict[str, Any] | None = None
+    """Options for ``create_sandbox`` (memory limit, pool size, ...)."""
 
-    async def release(self, key: tuple[str, str]) -> None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return
-            entry[1] -= 1
-            if entry[1] > 0:
-                return
-            del self._entries[key]
-        await entry[0].aclose()
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {', '.join(sorted(BACKENDS))}")
+        return backend
 
-    def forget_after_fork(self) -> None:
-        # A forked child (a worker of gymnasium's AsyncVectorEnv, say) must not drive its parent's sandboxes: their
-        # processes and loop threads belong to the parent. The child builds its own on first use.
-        self._lock = threading.Lock()
-        self._entries = {}
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox_object(cls, sandbox: Any) -> Any:
+        if sandbox is not None and not callable(getattr(sandbox, "execute", None)):
+            raise ValueError(
+                f"sandbox must be a sandbox object (rstar_env.sandbox.create_sandbox(...)), got "
+                f"{type(sandbox).__name__}; in a config, choose it with backend and sandbox_options"
+            )
+        return sandbox
 
 
-_shared = _SharedSandboxes()
-os.register_at_fork(after_in_child=_shared.forget_after_fork)
+class PythonOptions(SandboxToolOptions):
+    """The ``python`` tool's options (``tools: [{name: python, options: {...}}]``), checked when a config loads."""
+
+    stateful: bool = False
+    """Keep one interpreter per episode (variables survive between calls)."""
+    max_output_chars: int = Field(4096, ge=64)
+    """What the model sees of stdout + stderr, head and tail kept (at least 64, room for the cut marker)."""
+    description: str | None = None
+    """The schema's description, if the default does not suit your prompt."""
+
+
+class PythonArguments(BaseModel):
+    """The ``python`` tool's arguments, as the model sends them."""
+
+    code: str = Field(description="The Python code to run.")
+    stdin: str = Field("", description="Text given to the program on standard input.")
 
 
 class PythonTool:
-    """Run Python code in a sandbox (``backend``: local, subprocess, e2b, ray)."""
+    """Run Python code in a sandbox (``backend``: local, subprocess, e2b, ray). Options: :class:`PythonOptions`,
+    given as the model or as keywords (``PythonTool(stateful=True, timeout_s=2)``); a bad value raises
+    :class:`~rstar_env.plugins.OptionsError` (a ``ValueError``) naming the option."""
 
     name: ClassVar[str] = "python"
+    options_model: ClassVar[type[BaseModel]] = PythonOptions
 
-    def __init__(
-        self,
-        *,
-        stateful: bool = False,
-        backend: str = "local",
-        timeout_s: float = 4.0,
-        max_output_chars: int = 4096,
-        sandbox: Sandbox | None = None,
-        sandbox_options: dict[str, Any] | None = None,
-        description: str | None = None,
-    ) -> None:
-        """
-        Args:
-            stateful: keep one interpreter per episode (variables survive between calls).
-            backend: the sandbox backend, see :func:`rstar_env.sandbox.create_sandbox`.
-            timeout_s: wall-clock limit of one call (the rStar2-Agent recipe uses 4 s).
-            max_output_chars: what the model sees of stdout + stderr, head and tail kept.
-            sandbox: an existing sandbox to use (not closed by this tool); overrides ``backend``.
-            sandbox_options: options for ``create_sandbox`` (memory limit, pool size, ...).
-            description: the schema's description, if the default does not suit your prompt.
-        """
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        if max_output_chars < 64:
-            raise ValueError(f"max_output_chars must be at least 64, got {max_output_chars}")
-        self.stateful = stateful
-        self.backend = backend
-        self.timeout_s = float(timeout_s)
-        self.max_output_chars = max_output_chars
-        self._sandbox = sandbox
-        self._sandbox_options = dict(sandbox_options or {})
+    def __init__(self, options: PythonOptions | None = None, **settings: Any) -> None:
+        opts = plugin_options(PythonOptions, options, settings)
+        self.options: SandboxToolOptions = opts
+        self.stateful = stateful = opts.stateful
+        self.backend = opts.backend
+        self.timeout_s = opts.timeout_s
+        self.max_output_chars = opts.max_output_chars
+        self._sandbox: Sandbox | None = opts.sandbox
+        self._sandbox_options = dict(opts.sandbox_options or {})
         self._key: tuple[str, str] | None = None
         self._lock = threading.Lock()
-        self.schema = function_schema(
-            "python",
-            description
+        self.schema = tool_schema(
+            self.name,
+            opts.description
             or (
                 "Execute Python 3 code and return what it prints (the value of a last bare expression is shown too). "
                 + ("Variables persist between calls in this conversation. " if stateful else "Each call starts fresh. ")
                 + f"Time limit {self.timeout_s:g} s per call. numpy and sympy are available."
             ),
-            {
-                "code": {"type": "string", "description": "The Python code to run."},
-                "stdin": {"type": "string", "description": "Text given to the program on standard input."},
-            },
-            ["code"],
+            PythonArguments,
         )
 
     @property
     def sandbox(self) -> Sandbox:
         with self._lock:
             if self._sandbox is None:
-                self._key, self._sandbox = _shared.acquire(self.backend, self._sandbox_options)
+                backend, options = self.backend, self._sandbox_options
+                # Tools with the same settings share one sandbox, held by the process runtime (one warm pool).
+                self._key = (backend, repr(sorted(options.items())))
+                self._sandbox = runtime().sandboxes.acquire(self._key, lambda: create_sandbox(backend, **options))
             return self._sandbox
 
     async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult:
@@ -134,9 +130,9 @@ class PythonTool:
         )
         return ToolResult(
             text=self.render(result),
-            error=None if result.status == "ok" else str(result.status),  # one vocabulary: the status is the kind
+            error=None if result.status == "ok" else result.status,  # one vocabulary: the status is the kind
             duration_s=result.duration_s,
-            metadata={"status": str(result.status), "queue_s": result.queue_s},  # time waiting before it ran
+            metadata={"status": result.status, "queue_s": result.queue_s},  # time waiting before it ran
         )
 
     def render(self, result: ExecResult) -> str:
@@ -162,8 +158,7 @@ class PythonTool:
         key, self._key = self._key, None
         if key is not None:
             self._sandbox = None
-            await _shared.release(key)
+            await runtime().sandboxes.release(key)
 
 
-__all__ = ["PythonTool", "truncate_middle"]
-
+__all__ = ["PythonArguments", "PythonOptions", "PythonTool", "SandboxToolOptions", "truncate_middle"]

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, Field
+
+from rstar_env.plugins import plugin_options
 from rstar_env.sandbox import ExecResult
-from rstar_env.tool import EpisodeContext, function_schema
+from rstar_env.tool import EpisodeContext, tool_schema
 from rstar_env.trajectory import ToolResult
 
-from .python import PythonTool
+from .python import PythonOptions, PythonTool, SandboxToolOptions
 
 # The reference's code-judge server gives a failure a reason: empty for a program that failed on its own,
 # "worker_timeout" when it ran out of time (and "internal_error"/"queue_timeout" for the server's own failures,
@@ -44,56 +47,52 @@ def truncate_middle_marked(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     half = limit // 2
-    return f"{text[:half]}{TRUNCATION_MARKER}{text[len(text) - half:]}"
+    return f"{text[:half]}{TRUNCATION_MARKER}{text[len(text) - half :]}"
+
+
+class PythonStdIOOptions(SandboxToolOptions):
+    """The options of ``python_code_with_standard_io``: ``backend``, ``sandbox``, ``sandbox_options`` as for the
+    ``python`` tool; ``timeout_s`` is the reference's code-judge ``MAX_EXECUTION_TIME=4``."""
+
+    max_output_chars: int = Field(256, ge=2)
+    """The response's middle cut (the reference agent loop's ``max_tool_response_length``)."""
+
+
+class PythonStdIOArguments(BaseModel):
+    """The reference's arguments, word for word: the model reads them in its system prompt."""
+
+    code: str = Field(
+        description="A string containing Python code to be executed. The code can read from standard input using "
+        "the input() function."
+    )
+    input: str = Field(
+        description="A string that will be provided as standard input to the code when it calls input()."
+    )
 
 
 class PythonStdIOTool(PythonTool):
-    """Python with standard input, speaking the reference implementation's format (see the module docstring)."""
+    """Python with standard input, speaking the reference implementation's format (see the module docstring).
+    Options: :class:`PythonStdIOOptions`, as the model or as keywords."""
 
     name: ClassVar[str] = "python_code_with_standard_io"
+    options_model: ClassVar[type[BaseModel]] = PythonStdIOOptions
+    # The reference's schema, word for word: the model reads it in its system prompt.
+    schema: dict[str, Any] = tool_schema(
+        name,
+        "Execute Python code with standard input and capture standard output. This function takes a Python "
+        "code string and an input string, provides the input string through standard input (stdin) to the "
+        "code, and captures and returns any output produced through standard output (stdout). If the executed "
+        "code raises an exception, the error message will be captured and returned instead.",
+        PythonStdIOArguments,
+    )
 
-    def __init__(
-        self,
-        *,
-        backend: str = "local",
-        timeout_s: float = 4.0,
-        max_output_chars: int = 256,
-        sandbox: Any = None,
-        sandbox_options: dict[str, Any] | None = None,
-    ) -> None:
-        """
-        Args:
-            backend, sandbox, sandbox_options: as for the ``python`` tool.
-            timeout_s: wall-clock limit of one call (the reference's code-judge server: ``MAX_EXECUTION_TIME=4``).
-            max_output_chars: the response's middle cut (the reference agent loop's ``max_tool_response_length``).
-        """
-        if max_output_chars < 2:
-            raise ValueError(f"max_output_chars must be at least 2, got {max_output_chars}")
+    def __init__(self, options: PythonStdIOOptions | None = None, **settings: Any) -> None:
+        opts = plugin_options(PythonStdIOOptions, options, settings)
         # The parent's 64-character floor protects its own marker; this tool's cut is the reference's, any size.
-        super().__init__(stateful=False, backend=backend, timeout_s=timeout_s, max_output_chars=64,
-                         sandbox=sandbox, sandbox_options=sandbox_options)
-        self.max_output_chars = max_output_chars
-        # The reference's schema, word for word: the model reads it in its system prompt.
-        self.schema = function_schema(
-            self.name,
-            "Execute Python code with standard input and capture standard output. This function takes a Python "
-            "code string and an input string, provides the input string through standard input (stdin) to the "
-            "code, and captures and returns any output produced through standard output (stdout). If the executed "
-            "code raises an exception, the error message will be captured and returned instead.",
-            {
-                "code": {
-                    "type": "string",
-                    "description": "A string containing Python code to be executed. The code can read from standard "
-                    "input using the input() function.",
-                },
-                "input": {
-                    "type": "string",
-                    "description": "A string that will be provided as standard input to the code when it calls "
-                    "input().",
-                },
-            },
-            ["code", "input"],
-        )
+        super().__init__(PythonOptions(**{**dict(opts), "max_output_chars": 64}))
+        self.options = opts
+        self.max_output_chars = opts.max_output_chars
+        self.schema = type(self).schema  # the class's, not the one the parent built for ``python``
 
     async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult:
         return await super().call({"code": arguments["code"], "stdin": arguments.get("input", "")}, episode)
@@ -113,4 +112,10 @@ class PythonStdIOTool(PythonTool):
         return truncate_middle_marked("\n".join(lines), self.max_output_chars)
 
 
-__all__ = ["TRUNCATION_MARKER", "PythonStdIOTool", "truncate_middle_marked"]
+__all__ = [
+    "TRUNCATION_MARKER",
+    "PythonStdIOArguments",
+    "PythonStdIOOptions",
+    "PythonStdIOTool",
+    "truncate_middle_marked",
+]

@@ -9,7 +9,7 @@ Three speed workloads, each measured both ways in one run (the verdict cache off
   tuples, intervals, several boxes, text answers, prose; right and wrong answers; drawn from other projects' test
   suites), shuffled, each prediction framed as a final answer block ``<answer>PRED</answer>``. Each parser first
   sees the set's dev pairs once, uncounted (math-verify in this process, and each worker of the reward):
-  math-verify's LaTeX parser gets faster as it sees more answers, and a trainer's verifier is measured in that
+  math-verify's LaTeX parser gets faster as it sees more answers, and a trainer's reward is measured in that
   steady state, not on its first answers.
 
 "direct" is ``math_verify.parse`` of gold and prediction plus ``verify`` in this process, on one core, one pair after
@@ -51,8 +51,10 @@ def symbolic_pairs(n: int) -> list[tuple[str, str]]:
         lambda k: (f"\\sqrt{{{2 * (k + 1) ** 2}}}", f"{k + 1}\\sqrt{{2}}"),
         lambda k: (f"[{k}, {k + 1})", f"[{k},{k + 1})"),
         lambda k: (f"\\{{{k + 2}, {k}, {k + 1}\\}}", f"\\{{{k},{k + 1},{k + 2}\\}}"),
-        lambda k: (f"\\begin{{pmatrix}} {k} & 1 \\\\ 0 & {k} \\end{{pmatrix}}",
-                   f"\\begin{{pmatrix}}{k}&1\\\\0&{k}\\end{{pmatrix}}"),
+        lambda k: (
+            f"\\begin{{pmatrix}} {k} & 1 \\\\ 0 & {k} \\end{{pmatrix}}",
+            f"\\begin{{pmatrix}}{k}&1\\\\0&{k}\\end{{pmatrix}}",
+        ),
         lambda k: (f"y = {k} + 2x", f"y=2x+{k}"),
         lambda k: (f"{k}\\pi", f"\\frac{{{2 * k}\\pi}}{{2}}"),
         lambda k: (f"({k}, -{k + 1})", f"({k},-{k + 1})"),
@@ -60,8 +62,11 @@ def symbolic_pairs(n: int) -> list[tuple[str, str]]:
         lambda k: (f"(-\\infty, {k}]", f"(-\\infty,{k}]"),
         lambda k: (f"x^2 - {k * k}", f"(x-{k})(x+{k})"),
     ]
-    return [(_RESPONSE.format(pred), gold)
-            for k in range(n) for pred, gold in [makers[k % len(makers)](k // len(makers) + 1)]]
+    return [
+        (_RESPONSE.format(pred), gold)
+        for k in range(n)
+        for pred, gold in [makers[k % len(makers)](k // len(makers) + 1)]
+    ]
 
 
 CASES_PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "verifier_cases.jsonl"
@@ -73,8 +78,10 @@ def load_cases(path: str | Path | None = None, split: str | None = None) -> list
     """The labelled (gold, prediction, expected verdict) cases, all or one ``split``."""
     where = Path(path) if path is not None else CASES_PATH
     if not where.is_file():
-        raise click.ClickException(f"no labelled cases at {where}: run from a source checkout of rstar-env, or pass "
-                                   "--cases PATH (JSON lines with gold, pred, expected, split)")
+        raise click.ClickException(
+            f"no labelled cases at {where}: run from a source checkout of rstar-env, or pass "
+            "--cases PATH (JSON lines with gold, pred, expected, split)"
+        )
     cases = [json.loads(line) for line in where.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [c for c in cases if split is None or c.get("split") == split]
 
@@ -84,8 +91,9 @@ def frame(pred: str) -> str:
     return f"<answer>{pred}</answer>"
 
 
-def mixed_pairs(n: int, path: str | Path | None = None, seed: int = 0, split: str | None = None
-                ) -> list[tuple[str, str, str]]:
+def mixed_pairs(
+    n: int, path: str | Path | None = None, seed: int = 0, split: str | None = None
+) -> list[tuple[str, str, str]]:
     """``n`` pairs ``(framed response, gold, raw prediction)`` from the labelled set (or its ``split``), shuffled,
     repeated only when ``n`` is more than the cases."""
     cases = load_cases(path, split)
@@ -105,8 +113,9 @@ def direct_verdict(gold: str, pred: str) -> bool:
     return bool(verify(parse(gold), parse(pred)))
 
 
-def agreement(path: str | Path | None = None, split: str | None = "heldout", workers: int | None = None
-              ) -> dict[str, Any]:
+def agreement(
+    path: str | Path | None = None, split: str | None = "heldout", workers: int | None = None
+) -> dict[str, Any]:
     """How often the ``math`` reward and math-verify direct agree with the labelled verdicts of ``split``."""
     from rstar_env.plugins import load_reward
 
@@ -122,14 +131,25 @@ def agreement(path: str | Path | None = None, split: str | None = "heldout", wor
         reward.close()
     rows = []
     for case, result in zip(cases, ours, strict=True):
-        rows.append({"id": case["id"], "gold": case["gold"], "pred": case["pred"], "expected": int(case["expected"]),
-                     "ours": int(result.reward > 0.5), "reason": result.reason,
-                     "direct": int(direct_verdict(str(case["gold"]), case["pred"]))})
+        rows.append(
+            {
+                "id": case["id"],
+                "gold": case["gold"],
+                "pred": case["pred"],
+                "expected": int(case["expected"]),
+                "ours": int(result.reward > 0.5),
+                "reason": result.reason,
+                "direct": int(direct_verdict(str(case["gold"]), case["pred"])),
+            }
+        )
 
     def summary(key: str) -> dict[str, Any]:
         false_accepts = [r["id"] for r in rows if r[key] == 1 and r["expected"] == 0]
-        return {"agree": sum(r[key] == r["expected"] for r in rows), "false_accepts": false_accepts,
-                "false_rejects": [r["id"] for r in rows if r[key] == 0 and r["expected"] == 1]}
+        return {
+            "agree": sum(r[key] == r["expected"] for r in rows),
+            "false_accepts": false_accepts,
+            "false_rejects": [r["id"] for r in rows if r[key] == 0 and r["expected"] == 1],
+        }
 
     ours_summary, direct_summary = summary("ours"), summary("direct")
     return {
@@ -167,9 +187,16 @@ def _direct(pairs: list[tuple[str, str]], budget_s: float, raw: list[str] | None
     return _rate(done, time.perf_counter() - start), done, correct
 
 
-def run_bench(n_int: int = 20_000, n_sym: int = 240, workers: int | None = None, direct_budget_s: float = 10.0,
-              timeout_s: float = 3.0, rounds: int = 4, n_mix: int = 163,
-              cases: str | Path | None = None) -> dict[str, Any]:
+def run_bench(
+    n_int: int = 20_000,
+    n_sym: int = 240,
+    workers: int | None = None,
+    direct_budget_s: float = 10.0,
+    timeout_s: float = 3.0,
+    rounds: int = 4,
+    n_mix: int = 163,
+    cases: str | Path | None = None,
+) -> dict[str, Any]:
     """Run both workloads both ways; returns the figures :func:`command` prints.
 
     Each workload is cut into ``rounds`` slices and the two ways alternate slice by slice, so a change in machine
@@ -183,8 +210,12 @@ def run_bench(n_int: int = 20_000, n_sym: int = 240, workers: int | None = None,
     if workers is not None:
         options["workers"] = workers
     reward = load_reward("math", **options)
-    results: dict[str, Any] = {"cpus": os.cpu_count(), "workers": reward.workers, "rounds": rounds,
-                               "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    results: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "workers": reward.workers,
+        "rounds": rounds,
+        "load_avg": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
     mixed = mixed_pairs(n_mix, cases, split="heldout") if n_mix > 0 else []
     workloads: list[tuple[str, list[tuple[str, str]], list[str] | None]] = [
         ("integer", integer_pairs(n_int), None),
@@ -239,25 +270,66 @@ def run_bench(n_int: int = 20_000, n_sym: int = 240, workers: int | None = None,
 @click.command("reward")
 @click.option("--n-int", default=20_000, show_default=True, help="Integer (fast-path) pairs to score.")
 @click.option("--n-sym", default=240, show_default=True, help="Symbolic (math-verify) pairs to score.")
-@click.option("--n-mix", default=163, show_default=True,
-              help="Mixed pairs (the labelled set's held-out part, shuffled) to score; 0 skips the workload.")
-@click.option("--workers", type=int, default=None,
-              help="math-verify worker processes (default: the reward's, one per usable CPU, at most 8).")
-@click.option("--direct-budget", default=10.0, show_default=True,
-              help="Seconds the direct math-verify baseline may spend per workload (it is sequential and slow).")
-@click.option("--rounds", default=4, show_default=True,
-              help="Slices per workload; the two ways alternate slice by slice so load changes hit both alike.")
-@click.option("--agreement/--no-agreement", "with_agreement", default=True, show_default=True,
-              help="Also score the labelled set's held-out part both ways and print the agreement figures.")
-@click.option("--cases", type=click.Path(dir_okay=False), default=None,
-              help="The labelled set (default: tests/data/verifier_cases.jsonl of this checkout).")
+@click.option(
+    "--n-mix",
+    default=163,
+    show_default=True,
+    help="Mixed pairs (the labelled set's held-out part, shuffled) to score; 0 skips the workload.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="math-verify worker processes (default: the reward's, one per usable CPU, at most 8).",
+)
+@click.option(
+    "--direct-budget",
+    default=10.0,
+    show_default=True,
+    help="Seconds the direct math-verify baseline may spend per workload (it is sequential and slow).",
+)
+@click.option(
+    "--rounds",
+    default=4,
+    show_default=True,
+    help="Slices per workload; the two ways alternate slice by slice so load changes hit both alike.",
+)
+@click.option(
+    "--agreement/--no-agreement",
+    "with_agreement",
+    default=True,
+    show_default=True,
+    help="Also score the labelled set's held-out part both ways and print the agreement figures.",
+)
+@click.option(
+    "--cases",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The labelled set (default: tests/data/verifier_cases.jsonl of this checkout).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
-def command(n_int: int, n_sym: int, n_mix: int, workers: int | None, direct_budget: float, rounds: int,
-            with_agreement: bool, cases: str | None, as_json: bool) -> None:
+def command(
+    n_int: int,
+    n_sym: int,
+    n_mix: int,
+    workers: int | None,
+    direct_budget: float,
+    rounds: int,
+    with_agreement: bool,
+    cases: str | None,
+    as_json: bool,
+) -> None:
     """Verifications/s of the math reward vs math-verify called directly (integer, symbolic and mixed answers),
     and how often each agrees with the labelled verdicts."""
-    results = run_bench(n_int=n_int, n_sym=n_sym, workers=workers, direct_budget_s=direct_budget, rounds=rounds,
-                        n_mix=n_mix, cases=cases)
+    results = run_bench(
+        n_int=n_int,
+        n_sym=n_sym,
+        workers=workers,
+        direct_budget_s=direct_budget,
+        rounds=rounds,
+        n_mix=n_mix,
+        cases=cases,
+    )
     if with_agreement:
         figures = agreement(cases, "heldout", workers)
         figures.pop("rows")
@@ -268,16 +340,24 @@ def command(n_int: int, n_sym: int, n_mix: int, workers: int | None, direct_budg
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"math reward: verifications/s ({results['cpus']} CPUs, {results['workers']} workers, "
-                        f"load average {results['load_avg']:.2f})")
+    table = Table(
+        title=f"math reward: verifications/s ({results['cpus']} CPUs, {results['workers']} workers, "
+        f"load average {results['load_avg']:.2f})"
+    )
     for column in ("workload", "pairs", "rstar-env /s", "math-verify direct /s", "ratio", "reasons"):
         table.add_column(column, justify="left" if column in ("workload", "reasons") else "right")
     for name in ("integer", "symbolic", "mixed"):
         row = results.get(name)
         if row is None:
             continue
-        table.add_row(name, str(row["pairs"]), f"{row['rstar_env_per_s']:,.0f}", f"{row['direct_per_s']:,.0f}",
-                      f"{row['ratio']:.1f}x", ", ".join(f"{k}={v}" for k, v in sorted(row["reasons"].items())))
+        table.add_row(
+            name,
+            str(row["pairs"]),
+            f"{row['rstar_env_per_s']:,.0f}",
+            f"{row['direct_per_s']:,.0f}",
+            f"{row['ratio']:.1f}x",
+            ", ".join(f"{k}={v}" for k, v in sorted(row["reasons"].items())),
+        )
     console = Console()
     console.print(table)
     console.print(f"worker pool start-up (not counted): {results['pool_startup_s']:.2f}s")
@@ -287,11 +367,18 @@ def command(n_int: int, n_sym: int, n_mix: int, workers: int | None, direct_budg
         agree = Table(title=f"agreement with the labelled verdicts ({figures['split']} part, {n} cases)")
         for column in ("verifier", "agrees", "%", "false accepts", "false rejects"):
             agree.add_column(column, justify="left" if column == "verifier" else "right")
-        for label, key in (("math reward (<answer>PRED</answer>)", "rstar_env"),
-                           ("math-verify direct, defaults", "direct")):
+        for label, key in (
+            ("math reward (<answer>PRED</answer>)", "rstar_env"),
+            ("math-verify direct, defaults", "direct"),
+        ):
             row = figures[key]
-            agree.add_row(label, f"{row['agree']}/{n}", f"{100 * row['agree'] / max(n, 1):.1f}",
-                          str(len(row["false_accepts"])), str(len(row["false_rejects"])))
+            agree.add_row(
+                label,
+                f"{row['agree']}/{n}",
+                f"{100 * row['agree'] / max(n, 1):.1f}",
+                str(len(row["false_accepts"])),
+                str(len(row["false_rejects"])),
+            )
         console.print(agree)
         only = figures["false_accepts_direct_avoids"]
         console.print(f"false accepts of the math reward that math-verify avoids: {', '.join(only) or 'none'}")

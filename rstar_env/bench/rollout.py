@@ -2,8 +2,8 @@
 
 * default: the pure simulation (:mod:`rstar_env.bench.rollout_sim`): lockstep vs static pinning vs dynamic on one
   workload of long-tailed generations, tool latencies and engines of unequal speed and KV capacity;
-* ``--longtail``: issue 18's measured setting run for real through ``evaluate`` against the replay server
-  (:mod:`rstar_env.bench.longtail`), against the ideal event-driven run;
+* ``--longtail``: the long-tailed setting (:mod:`rstar_env.bench.longtail`) run for real through ``evaluate``
+  against a scripted endpoint played in process, against the ideal event-driven run;
 * ``--endpoint URL`` (repeatable, with ``--served-model``): an eval on real OpenAI-compatible engines through the
   dispatcher, reporting wall time and each engine's requests, failures and busy time.
 """
@@ -23,15 +23,20 @@ def _simulation(seed: int) -> dict[str, Any]:
     from rstar_env.bench.rollout_sim import Workload, compare
 
     workload = Workload(seed=seed)
-    return {"workload": {"episodes": workload.prompts * workload.samples, "turns": workload.turns,
-                         "width": workload.width,
-                         "engines": [{"speed_tok_s": m.speed, "capacity_tokens": m.capacity}
-                                     for m in workload.engines]},
-            "schedulers": compare(workload)}
+    return {
+        "workload": {
+            "episodes": workload.prompts * workload.samples,
+            "turns": workload.turns,
+            "width": workload.width,
+            "engines": [{"speed_tok_s": m.speed, "capacity_tokens": m.capacity} for m in workload.engines],
+        },
+        "schedulers": compare(workload),
+    }
 
 
-def _endpoints(endpoints: tuple[str, ...], served_model: str, problems: int, samples: int,
-               width: int) -> dict[str, Any]:
+def _endpoints(
+    endpoints: tuple[str, ...], served_model: str, problems: int, samples: int, width: int
+) -> dict[str, Any]:
     from rstar_env import aio
     from rstar_env.data import generate_problems
     from rstar_env.rollout.dispatch import endpoint_policy
@@ -41,8 +46,9 @@ def _endpoints(endpoints: tuple[str, ...], served_model: str, problems: int, sam
 
     rows = generate_problems(problems, seed=0)
     env = MathToolVectorEnv(min(width, problems * samples), max_turns=3)
-    policy = endpoint_policy(env, list(endpoints), served_model, native_tools=False,
-                             sampling=SamplingParams(max_new_tokens=256, seed=0))
+    policy = endpoint_policy(
+        env, list(endpoints), served_model, native_tools=False, sampling=SamplingParams(max_new_tokens=256, seed=0)
+    )
 
     async def go() -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
@@ -54,12 +60,16 @@ def _endpoints(endpoints: tuple[str, ...], served_model: str, problems: int, sam
 
     start = time.perf_counter()
     summary = aio.run_sync(go())
-    return {"wall_s": time.perf_counter() - start, "episodes": summary.get("episodes"),
-            "policy_errors": summary.get("policy_errors", 0), "engines": policy.stats()}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "episodes": summary.get("episodes"),
+        "policy_errors": summary.get("policy_errors", 0),
+        "engines": policy.stats(),
+    }
 
 
 @click.command("rollout")
-@click.option("--longtail", is_flag=True, help="Run issue 18's long-tailed setting against the replay server.")
+@click.option("--longtail", is_flag=True, help="The long-tailed setting, for real, on a scripted in-process endpoint.")
 @click.option("--endpoint", "endpoints", multiple=True, help="Run an eval on these real engines (repeatable).")
 @click.option("--served-model", default=None, help="With --endpoint: the served model's name.")
 @click.option("--problems", default=16, show_default=True, help="With --endpoint: generated problems.")
@@ -67,8 +77,16 @@ def _endpoints(endpoints: tuple[str, ...], served_model: str, problems: int, sam
 @click.option("--width", default=32, show_default=True, help="With --endpoint: episodes in flight.")
 @click.option("--seed", default=0, show_default=True, help="The simulated workload's seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def command(longtail: bool, endpoints: tuple[str, ...], served_model: str | None, problems: int, samples: int,
-            width: int, seed: int, as_json: bool) -> None:
+def command(
+    longtail: bool,
+    endpoints: tuple[str, ...],
+    served_model: str | None,
+    problems: int,
+    samples: int,
+    width: int,
+    seed: int,
+    as_json: bool,
+) -> None:
     """Rollout scheduling: lockstep vs static pinning vs dynamic (simulated), or real runs."""
     if endpoints:
         if not served_model:
@@ -86,24 +104,36 @@ def command(longtail: bool, endpoints: tuple[str, ...], served_model: str | None
         click.echo(json.dumps(result, indent=2))
         return
     if endpoints:
-        click.echo(f"wall {result['wall_s']:.2f}s  episodes {result['episodes']}  policy_errors "
-                   f"{result['policy_errors']}")
+        click.echo(
+            f"wall {result['wall_s']:.2f}s  episodes {result['episodes']}  policy_errors {result['policy_errors']}"
+        )
         for e in result["engines"]:
-            click.echo(f"  {e['endpoint']}: requests {e['requests']}  failed {e['failed']}  busy {e['busy_s']:.2f}s  "
-                       f"capacity {e['capacity']:g} {e['capacity_unit']} ({e['capacity_source']})")
+            click.echo(
+                f"  {e['endpoint']}: requests {e['requests']}  failed {e['failed']}  busy {e['busy_s']:.2f}s  "
+                f"capacity {e['capacity']:g} {e['capacity_unit']} ({e['capacity_source']})"
+            )
     elif longtail:
-        click.echo(f"ideal event-driven {result['ideal_s']:.1f}s  packing bound {result['packing_bound_s']:.1f}s  "
-                   f"longest episode {result['longest_episode_s']:.1f}s")
-        click.echo(f"measured {result['run']['wall_s']:.1f}s ({result['ratio_to_ideal']:.2f}x the ideal); "
-                   f"instant replies {result['instant']['wall_s']:.1f}s; policy_errors "
-                   f"{result['run']['policy_errors']}")
+        click.echo(
+            f"ideal event-driven {result['ideal_s']:.1f}s  packing bound {result['packing_bound_s']:.1f}s  "
+            f"longest episode {result['longest_episode_s']:.1f}s"
+        )
+        click.echo(
+            f"measured {result['run']['wall_s']:.1f}s ({result['ratio_to_ideal']:.2f}x the ideal); "
+            f"instant replies {result['instant']['wall_s']:.1f}s; policy_errors "
+            f"{result['run']['policy_errors']}"
+        )
     else:
         click.echo("| scheduler | makespan | ratio to lower bound | engine busy % | over-capacity moments |")
         click.echo("|---|---|---|---|---|")
         for r in result["schedulers"]:
             busy = " / ".join(f"{b:.0f}" for b in r["busy_pct"])
-            click.echo(f"| {r['scheduler']} | {r['makespan_s']:.1f} s | {r['ratio']:.2f}x | {busy} | "
-                       f"{r['over_capacity']} |")
+            click.echo(
+                f"| {r['scheduler']} | {r['makespan_s']:.1f} s | {r['ratio']:.2f}x | {busy} | {r['over_capacity']} |"
+            )
         bound = result["schedulers"][0]["lower_bound_s"]
-        click.echo(f"lower bound {bound:.1f} s; engines " + ", ".join(
-            f"{e['speed_tok_s']:g} tok/s x {e['capacity_tokens']} KV tokens" for e in result["workload"]["engines"]))
+        click.echo(
+            f"lower bound {bound:.1f} s; engines "
+            + ", ".join(
+                f"{e['speed_tok_s']:g} tok/s x {e['capacity_tokens']} KV tokens" for e in result["workload"]["engines"]
+            )
+        )

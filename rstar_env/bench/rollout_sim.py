@@ -2,7 +2,7 @@
 
 Three schedulers run the same workload:
 
-* ``lockstep``: rounds with a barrier (rstar-env's collector before issue 18): every live episode generates, the
+* ``lockstep``: rounds with a barrier (how rstar-env's collector used to run): every live episode generates, the
   round waits for its slowest generation and then for its slowest tool call; episodes pinned to engines round-robin.
 * ``static``: OpenRLHF's ``_dispatch_prompts_to_vllm``: each prompt's samples pinned to one engine up front
   (round-robin), no barrier.
@@ -53,8 +53,12 @@ class Workload:
     gen_sigma: float = 1.0
     tool_mean_s: float = 0.3
     width: int = 128
-    engines: tuple[EngineModel, ...] = (EngineModel(400.0, 40_000), EngineModel(250.0, 24_000),
-                                        EngineModel(400.0, 40_000), EngineModel(150.0, 16_000))
+    engines: tuple[EngineModel, ...] = (
+        EngineModel(400.0, 40_000),
+        EngineModel(250.0, 24_000),
+        EngineModel(400.0, 40_000),
+        EngineModel(150.0, 16_000),
+    )
     seed: int = 0
 
     def draw(self) -> list[list[tuple[int, float]]]:
@@ -64,8 +68,9 @@ class Workload:
         for _ in range(self.prompts * self.samples):
             turns = []
             for _ in range(self.turns):
-                tokens = min(self.max_new_tokens, max(1, int(rng.lognormvariate(math.log(self.gen_median),
-                                                                                  self.gen_sigma))))
+                tokens = min(
+                    self.max_new_tokens, max(1, int(rng.lognormvariate(math.log(self.gen_median), self.gen_sigma)))
+                )
                 turns.append((tokens, rng.expovariate(1 / self.tool_mean_s) if self.tool_mean_s else 0.0))
             episodes.append(turns)
         return episodes
@@ -139,8 +144,9 @@ def simulate(workload: Workload, scheduler: str) -> dict[str, Any]:
         while waiting:
             episode, turn = waiting[0]
             need = cost(episode)
-            e = pick_engine([g.model.capacity - g.used for g in engines], [need] * len(engines),
-                            preferred=affinity.get(episode))
+            e = pick_engine(
+                [g.model.capacity - g.used for g in engines], [need] * len(engines), preferred=affinity.get(episode)
+            )
             if e is None:
                 return
             waiting.popleft()

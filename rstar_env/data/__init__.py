@@ -42,9 +42,6 @@ so it lives above it, in :mod:`rstar_env.rollout.sft_data`.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 from .answers import integer_answer, normalize_answer
 from .generators import (
     GENERATED_KINDS,
@@ -93,14 +90,3 @@ __all__ = [
     "stable_id",
     "strip_dapo_boilerplate",
 ]
-
-_DEPRECATED = {"Preset": ("RowFormat", RowFormat), "PRESETS": ("ROW_FORMATS", ROW_FORMATS)}
-
-
-def __getattr__(name: str) -> Any:
-    # The former names of the row formats ("preset" also names the env's presets), kept with a warning.
-    if name in _DEPRECATED:
-        new, value = _DEPRECATED[name]
-        warnings.warn(f"rstar_env.data.{name} is now rstar_env.data.{new}", DeprecationWarning, stacklevel=2)
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,6 @@ LevelSpec = int | str | tuple[int, int]
 (also written ``"lo-hi"``)."""
 
 
-
 def parse_generated_spec(spec: str) -> dict[str, Any] | None:
     """``"[gen:]KIND[:key=value,...]"`` -> ``{"kind", "n", "level", "seed"}``; ``None`` if not a generated spec.
 
@@ -66,7 +65,6 @@ def _parse_level(value: Any, context: str) -> int | str | tuple[int, int]:
     if not 1 <= levels[0] <= levels[1] <= 5:
         raise DataError(f"bad level {value!r} in {context}: levels run from 1 to 5")
     return levels[0] if levels[0] == levels[1] else levels
-
 
 
 # learn; levels 4-5 use numbers large enough that calling the Python tool is the sensible way to solve them.
@@ -395,5 +393,3 @@ def generate_problems(
         seen.add(text)
         problems.append(Problem(text, str(value), f"{kind}-L{tag}-s{seed}-{i:06d}", meta))
     return problems
-
-

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -29,8 +28,8 @@ from .records import (
 from .row_formats import ROW_FORMATS, RowFormat
 
 _log = logging.getLogger("rstar_env.data")
-_UNSET: Any = object()
 _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz", ".json.gz")
+
 
 def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Problem]]:
     hf_rows = _hf_object_rows(source, split)
@@ -69,9 +68,10 @@ def _resolve_source(source: Any, split: str) -> tuple[str, RowStream | list[Prob
     )
 
 
-
 def _extract(
-    row: Mapping[str, Any], where: str, fields: Mapping[str, str],
+    row: Mapping[str, Any],
+    where: str,
+    fields: Mapping[str, str],
     row_format: RowFormat | None,
     allow_unscored: bool = False,
 ) -> Problem:
@@ -139,7 +139,6 @@ def load_dataset(
     seed: int = 0,
     on_bad_row: Literal["error", "skip"] = "error",
     allow_unscored: bool = False,
-    preset: Any = _UNSET,
 ) -> Dataset:
     """Load problems from ``source`` (see the module docstring for the syntax) as a :class:`Dataset`.
 
@@ -150,7 +149,7 @@ def load_dataset(
       get :func:`stable_id` of the problem text. Unused top-level keys of a row go to ``metadata``.
     - ``row_format``: how rows of a known dataset are read: a name in :data:`ROW_FORMATS` (``"dapo"``, ``"aime"``),
       a :class:`RowFormat`, ``"auto"`` (the default: rows that look like DAPO are read as ``dapo``, others plainly)
-      or ``None``. ``preset=`` is its former name (deprecated: "preset" names the env's presets).
+      or ``None``.
     - ``integer_answers_only``: keep rows whose answer denotes an integer (:func:`integer_answer`), with the answer
       rewritten to canonical form (``"042"`` -> ``"42"``; the original kept in ``metadata["raw_answer"]``).
     - ``dedup``: keep the first row of each :func:`normalize_problem_text`. Generated sets are not de-duplicated
@@ -182,13 +181,6 @@ def load_dataset(
         unknown = set(fields) - {"problem", "answer", "id"}
         if unknown:
             raise DataError(f"fields= maps only 'problem', 'answer' and 'id'; unknown: {', '.join(sorted(unknown))}")
-    if preset is not _UNSET:
-        warnings.warn(
-            "load_dataset(preset=...) is now load_dataset(row_format=...) (dataset.row_format in a config)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        row_format = preset
     chosen: RowFormat | None
     if row_format is None or row_format == "none":
         chosen = None
@@ -199,9 +191,7 @@ def load_dataset(
     elif row_format in ROW_FORMATS:
         chosen = ROW_FORMATS[row_format]
     else:
-        raise DataError(
-            f"unknown row format {row_format!r}: choose one of {', '.join(ROW_FORMATS)}, 'auto' or None"
-        )
+        raise DataError(f"unknown row format {row_format!r}: choose one of {', '.join(ROW_FORMATS)}, 'auto' or None")
     auto = row_format == "auto"
     if auto and isinstance(source, str) and source in ROW_FORMATS and not Path(source).exists():
         chosen, auto = ROW_FORMATS[source], False  # a row format's own data is read with that format

@@ -10,15 +10,21 @@ to math-verify) when it does not:
 
 * equal values are equal (``"1/2"``, ``"0.5"``, ``"\\dfrac{1}{2}"``, ``"50\\%"`` against ``"50"``);
 * two different values are a mismatch, except a decimal close to a value with no finite decimal expansion
-  (``0.333333`` for ``1/3``): it may be a rounding, which math-verify judges (it accepts six-digit rounding), so
-  that pair goes to it. Two different terminating decimals are a mismatch even when close (``0.1000001`` is not
-  ``0.1``; math-verify's six-digit rounding says it is: one of its false positives this path removes).
+  (``0.333333`` for ``1/3``): it may be a rounding. A decimal of four significant digits or more that is the gold
+  rounded to the places it states is equal (``0.3333`` and ``0.33333`` for ``1/3``, ``2.6667`` for ``8/3``: the
+  precision the answer states; ``0.33`` is too coarse to tell from a wrong answer, ``0.3334`` is a wrong rounding);
+  other close pairs go to math-verify (it accepts six-digit rounding). Two different terminating decimals are a
+  mismatch even when close (``0.1000001`` is not ``0.1``; math-verify's six-digit rounding says it is: one of its
+  false positives this path removes).
+
+:func:`strip_presentation` removes LaTeX that changes how an answer looks, never what it says (``\\phantom``,
+``\\color``, ``\\underline``, ``**bold**``, a trailing ``\\pmod{n}``...); the reward applies it to both answers.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 # Decorations that carry no value: math-mode delimiters, LaTeX spacing, \left/\right, display-style fractions.
@@ -31,10 +37,32 @@ _TRAILING_TEXT = re.compile(r"\\(?:text|textrm|textbf|mbox|mathrm|operatorname)\
 _WHOLE_TEXT = re.compile(r"^\\(?:text|textrm|textbf|mbox|mathrm|mathbf|boxed)\s*\{([^{}]*)\}$")
 _TEXT_WORDS = re.compile(r"(?<=\d)\s+([A-Za-z]+(?:\s+[A-Za-z]+)?)$")
 # Words that change a number's value, so "\text{5 and a half}" or "\text{3 hundred}" is never read as the digits.
-_VALUE_WORDS = frozenset({
-    "and", "or", "plus", "minus", "times", "over", "half", "third", "thirds", "quarter", "quarters", "hundred",
-    "hundreds", "thousand", "thousands", "million", "millions", "billion", "percent", "dozen", "squared", "cubed",
-})
+_VALUE_WORDS = frozenset(
+    {
+        "and",
+        "or",
+        "plus",
+        "minus",
+        "times",
+        "over",
+        "half",
+        "third",
+        "thirds",
+        "quarter",
+        "quarters",
+        "hundred",
+        "hundreds",
+        "thousand",
+        "thousands",
+        "million",
+        "millions",
+        "billion",
+        "percent",
+        "dozen",
+        "squared",
+        "cubed",
+    }
+)
 _DEGREES = re.compile(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree)$")
 _PERCENT = re.compile(r"\\?%$")
 # "x = 5", "n=12", "a_1 = 3": a single variable assigned a value; math-verify treats it as the value.
@@ -64,17 +92,102 @@ _MAX_CHARS = 200
 @dataclass(frozen=True)
 class Number:
     """An answer read as an exact rational. ``inexact``: written as a decimal (possibly rounded);
-    ``percent``: written with a percent sign (so 50% may mean 50 or 0.5)."""
+    ``percent``: written with a percent sign (so 50% may mean 50 or 0.5); ``places`` and ``significant``: the
+    decimal places and significant digits a decimal states (0 for other numbers)."""
 
     value: Fraction
     inexact: bool = False
     percent: bool = False
+    places: int = field(default=0, compare=False)
+    significant: int = field(default=0, compare=False)
+
+
+_PRESENTATION = re.compile(r"\\(phantom|hphantom|vphantom|color|textcolor|colorbox|underline|num|operatorname)\s*\{")
+_DROPPED = frozenset({"phantom", "hphantom", "vphantom", "color"})  # invisible, or a colour switch: gone
+_RECOLOURED = frozenset({"textcolor", "colorbox"})  # colour first, then the content that stays
+_BOLD = re.compile(r"(?<![\w*])\*\*([^*\n]{1,200}?)\*\*(?![\w*])")  # markdown **346**, never x**2
+_EMPTY_SCRIPT = re.compile(r"[\^_]\{\s*\}")  # 346^{}
+_MOD_TAIL = re.compile(
+    r"\s*(?:\\pmod\s*\{[^{}]*\}|\\pmod\s*\d+|\\(?:bmod|mod)\s*\{?\s*\d+\s*\}?"
+    r"|\(\s*\\(?:text|mathrm|operatorname)\s*\{\s*mod\s*\}\s*\d+\s*\)|\(\s*mod\s*\d+\s*\))\s*\.?\s*$"
+)
+_LETTER = re.compile(r"[A-Za-z]")
+
+
+def strip_presentation(text: str) -> str:
+    """``text`` without the LaTeX and markdown that change how an answer looks, never what it says.
+
+    Removed: ``\\phantom{..}`` and its ``h``/``v`` forms (invisible: ``\\phantom{9}346`` reads 346 and
+    ``3\\phantom{4}6`` reads 36), ``\\color{..}``; unwrapped: ``\\textcolor{c}{X}``, ``\\colorbox{c}{X}``,
+    ``\\underline{X}``, ``\\num{X}``, ``\\operatorname{X}`` when ``X`` has no letter, markdown ``**X**``; an
+    empty ``^{}``/``_{}`` and a trailing ``\\pmod{n}`` (``346 \\pmod{1000}`` is 346) go; ``\\langle``/``\\rangle``
+    read as parentheses and ``\\varnothing`` as ``\\emptyset``. One pass over the braces: linear in the length.
+    """
+    if "\\" not in text and "{" not in text and "*" not in text and "mod" not in text:
+        return text  # the common case, a plain number or expression: four scans of a short string
+    if "\\" in text:
+        text = _unwrap_commands(text)
+        text = text.replace("\\langle", "(").replace("\\rangle", ")").replace("\\varnothing", "\\emptyset")
+    if "{" in text:
+        text = _EMPTY_SCRIPT.sub("", text)
+    if "mod" in text[-60:]:
+        tail = _MOD_TAIL.sub("", text[-60:])
+        text = text[:-60] + tail if len(text) > 60 else tail
+    if "**" in text:
+        text = _BOLD.sub(r"\1", text)
+    return text
+
+
+def _brace_pairs(text: str) -> dict[int, int]:
+    """The index of each ``{``'s matching ``}`` (unmatched ones are left out), in one pass."""
+    pairs: dict[int, int] = {}
+    stack: list[int] = []
+    for i, char in enumerate(text):
+        if char == "{":
+            stack.append(i)
+        elif char == "}" and stack:
+            pairs[stack.pop()] = i
+    return pairs
+
+
+def _unwrap_commands(text: str) -> str:
+    match = _PRESENTATION.search(text)
+    if match is None:
+        return text
+    pairs = _brace_pairs(text)
+    dropped = bytearray(len(text))  # 1 marks a character that goes
+    position = 0
+    while match is not None:
+        name, open_at = match.group(1), match.end() - 1
+        close = pairs.get(open_at)
+        if close is None:
+            break
+        resume = close + 1
+        if name in _DROPPED:
+            dropped[match.start() : close + 1] = b"\x01" * (close + 1 - match.start())
+        elif name in _RECOLOURED:
+            second = close + 1
+            while second < len(text) and text[second].isspace():
+                second += 1
+            end = pairs.get(second) if second < len(text) and text[second] == "{" else None
+            if end is not None:
+                dropped[match.start() : second + 1] = b"\x01" * (second + 1 - match.start())
+                dropped[end] = 1
+                resume = second + 1
+        elif name != "operatorname" or _LETTER.search(text, open_at, close) is None:
+            dropped[match.start() : open_at + 1] = b"\x01" * (open_at + 1 - match.start())
+            dropped[close] = 1
+            resume = open_at + 1  # the content stays, and is read for more of the same
+        position = resume
+        match = _PRESENTATION.search(text, position)
+    return "".join(char for char, gone in zip(text, dropped, strict=True) if not gone)
 
 
 def clean(text: str) -> str:
     """Strip the decorations that never change a numeric value (see module docstring). Not a general LaTeX
     normaliser: the result is only meant for :func:`parse_number`."""
-    s = text.strip().replace("\u2212", "-").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = strip_presentation(text.strip()).replace("\u2212", "-")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _DOLLAR.sub("", s)
     s = _SPACING.sub(" ", s).strip()
     s = s.replace("{,}", ",")
@@ -193,11 +306,11 @@ def parse_number(text: str) -> Number | None:
         return Number(Fraction(int(s)), percent=percent)
     if _THOUSANDS.fullmatch(s):
         plain = s.replace(",", "")
-        return Number(Fraction(plain), inexact="." in plain, percent=percent)
+        return _decimal(plain, percent) if "." in plain else Number(Fraction(plain), percent=percent)
     if _DECIMAL.fullmatch(s):
-        return Number(Fraction(s), inexact=True, percent=percent)
+        return _decimal(s, percent)
     if _DECIMAL_COMMA.fullmatch(s) and not _THOUSANDS.fullmatch(s):
-        return Number(Fraction(s.replace(",", ".")), inexact=True, percent=percent)
+        return _decimal(s.replace(",", "."), percent)
     match = _SLASH.fullmatch(s)
     if match:
         return _fraction("", match.group(1), match.group(2), percent)
@@ -210,6 +323,13 @@ def parse_number(text: str) -> Number | None:
         sign, num, den = groups[0:3] if groups[1] is not None else groups[3:6]
         return _fraction(sign or "", num, den, percent)
     return None
+
+
+def _decimal(s: str, percent: bool) -> Number:
+    """A decimal, with the places and significant digits it states (``0.0830`` states 4 places, 3 digits)."""
+    whole, _, places = s.lstrip("+-").partition(".")
+    significant = len((whole + places).lstrip("0"))
+    return Number(Fraction(s), inexact=True, percent=percent, places=len(places), significant=significant)
 
 
 def _fraction(sign: str, num: str, den: str, percent: bool) -> Number | None:
@@ -248,6 +368,18 @@ def compare_numbers(pred: Number, gold: Number) -> bool | None:
         return True
     if not (pred.inexact or gold.inexact):
         return False
+    if _stated_rounding(pred, gold):
+        return True
     if any(_maybe_rounding(p, g) for p in preds for g in golds):
         return None
     return False
+
+
+def _stated_rounding(pred: Number, gold: Number) -> bool:
+    """``pred`` is a decimal of four significant digits or more, ``gold`` an exact value with no finite decimal
+    expansion, and ``gold`` rounded to the places ``pred`` states is ``pred`` (half a unit in its last place)."""
+    if not pred.inexact or gold.inexact or pred.percent or gold.percent or pred.significant < 4:
+        return False
+    if _terminates(gold.value):
+        return False  # a value with an exact decimal form must be written exactly
+    return abs(pred.value - gold.value) <= Fraction(1, 2 * 10**pred.places)

@@ -16,6 +16,7 @@ _INSTALL_HINT = "pip install 'rstar-env[data]'"
 
 # ------------------------------------------------------------------------------------------------ readers
 
+
 class _BadRow(str):
     """What a reader yields in place of a row it could not read (the reason), so loading can skip it."""
 
@@ -163,4 +164,3 @@ def _read_file(path: Path, split: str) -> RowStream:
     if name.endswith(".parquet"):
         return _read_parquet(path)
     raise DataError(f"{path}: unsupported file type; use .jsonl, .json, .parquet (or .jsonl.gz / .json.gz)")
-

@@ -161,8 +161,6 @@ def stable_id(problem_text: str) -> str:
     return f"p-{digest[:16]}"
 
 
-
-
 # ------------------------------------------------------------------------------------------- field mapping
 
 DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {

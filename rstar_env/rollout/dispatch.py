@@ -44,10 +44,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rstar_env.rollout.admission import pick_engine
 from rstar_env.rollout.policy import Generation, Request
+
+if TYPE_CHECKING:
+    import httpx
 
 CHARS_PER_TOKEN_ESTIMATE = 3.0
 """Characters per token assumed when a request's context has no ids and no tokenizer is known: a conservative
@@ -168,6 +171,8 @@ class DispatchPolicy:
             it down at once).
         backoff_s / max_backoff_s: how long a down engine rests before it is tried again, doubling per outage.
         refresh_s: how often live metrics are read (engines with a ``metrics_url``).
+        transport: the ``httpx`` transport metrics are read through (default: the network), e.g. the
+            ``httpx.MockTransport`` the engines' policies answer through.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class DispatchPolicy:
         backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
         refresh_s: float = 1.0,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not engines:
             raise ValueError("DispatchPolicy needs at least one engine")
@@ -191,8 +197,10 @@ class DispatchPolicy:
             raise ValueError(f"each engine must be given once; repeated: {repeated}")
         tokenizers = {id(getattr(e.policy, "tokenizer", None)) for e in engines}
         if tokenizer is None and len(tokenizers) > 1:
-            raise ValueError("the engines' policies have different tokenizers: token-level truth needs one; pass "
-                             "tokenizer= or give every engine the same one")
+            raise ValueError(
+                "the engines' policies have different tokenizers: token-level truth needs one; pass "
+                "tokenizer= or give every engine the same one"
+            )
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engines[0].policy, "tokenizer", None)
         sampling = getattr(engines[0].policy, "sampling", None)
         self.max_new_tokens = max_new_tokens or getattr(sampling, "max_new_tokens", None) or 512
@@ -200,6 +208,7 @@ class DispatchPolicy:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.refresh_s = refresh_s
+        self.transport = transport
         self.engines = [self._engine(spec) for spec in engines]
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._changed: asyncio.Condition | None = None
@@ -239,12 +248,20 @@ class DispatchPolicy:
         out = []
         for e in self.engines:
             busy = e.busy_s + (now - e.busy_since if e.busy_since is not None else 0.0)
-            out.append({
-                "endpoint": e.endpoint, "requests": e.requests, "failed": e.failed, "busy_s": round(busy, 6),
-                "capacity": e.capacity, "capacity_unit": e.unit, "capacity_source": e.source,
-                "peak_in_flight_cost": e.peak_cost, "marked_down": e.marked_down,
-                **({"metrics_error": e.metrics_error} if e.metrics_error else {}),
-            })
+            out.append(
+                {
+                    "endpoint": e.endpoint,
+                    "requests": e.requests,
+                    "failed": e.failed,
+                    "busy_s": round(busy, 6),
+                    "capacity": e.capacity,
+                    "capacity_unit": e.unit,
+                    "capacity_source": e.source,
+                    "peak_in_flight_cost": e.peak_cost,
+                    "marked_down": e.marked_down,
+                    **({"metrics_error": e.metrics_error} if e.metrics_error else {}),
+                }
+            )
         return out
 
     def cost(self, request: Request, engine: _Engine | None = None) -> float:
@@ -280,10 +297,11 @@ class DispatchPolicy:
             try:
                 index, cost = await self._acquire(request, failed_on)
             except NoEngineError as exc:
-                detail = "; ".join(errors[-len(self.engines):])
+                detail = "; ".join(errors[-len(self.engines) :])
                 message = f"{exc}" + (f" (last errors: {detail})" if detail else "")
-                return Generation("", finish_reason="error",
-                                  metadata={"error": message, "engines_tried": len(failed_on)})
+                return Generation(
+                    "", finish_reason="error", metadata={"error": message, "engines_tried": len(failed_on)}
+                )
             engine = self.engines[index]
             try:
                 generation = await self._send(engine, request)
@@ -332,12 +350,15 @@ class DispatchPolicy:
                     raise NoEngineError(f"no engine could serve this request: all {len(self.engines)} failed it")
                 fits = [i for i in candidates if self.cost(request, self.engines[i]) <= self.engines[i].capacity]
                 if not fits:
-                    sizes = ", ".join(f"{self.engines[i].endpoint}: {self.engines[i].capacity:g} "
-                                      f"{self.engines[i].unit}" for i in candidates)
+                    sizes = ", ".join(
+                        f"{self.engines[i].endpoint}: {self.engines[i].capacity:g} {self.engines[i].unit}"
+                        for i in candidates
+                    )
                     raise NoEngineError(
                         f"the request needs {self.cost(request):g} tokens (prompt + max_tokens), more than any "
                         f"engine's capacity ({sizes}); lower --max-new-tokens or the length budget, or raise the "
-                        "engines' capacity")
+                        "engines' capacity"
+                    )
                 # Down engines rest while another is up; with all of them down, one is probed at once rather
                 # than the request failing or idling (a single engine behaves as if there were no dispatcher).
                 up = [i for i in fits if self.engines[i].up(now)]
@@ -372,8 +393,9 @@ class DispatchPolicy:
         free = [e.free() for e in self.engines]
         need = [self.cost(request, e) for e in self.engines]
         mixed = any(e.unit != "tokens" for e in self.engines)  # then compare free fractions, not amounts
-        choice = pick_engine(free, need, preferred=preferred, eligible=up,
-                             capacity=[e.capacity for e in self.engines] if mixed else None)
+        choice = pick_engine(
+            free, need, preferred=preferred, eligible=up, capacity=[e.capacity for e in self.engines] if mixed else None
+        )
         if choice is not None and choice == preferred:
             self.affinity_hits += 1
         return choice
@@ -389,7 +411,7 @@ class DispatchPolicy:
             cond.notify_all()
 
     def _mark_down(self, engine: _Engine) -> None:
-        wait = min(self.max_backoff_s, self.backoff_s * 2 ** engine.outages)
+        wait = min(self.max_backoff_s, self.backoff_s * 2**engine.outages)
         engine.outages += 1
         engine.marked_down += 1
         engine.consecutive_failures = 0
@@ -425,7 +447,7 @@ class DispatchPolicy:
             engine.metrics_error = "httpx is not installed: pip install 'rstar-env[openai]'"
             return
         if self._metrics_client is None:
-            self._metrics_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
+            self._metrics_client = httpx.AsyncClient(timeout=httpx.Timeout(2.0), transport=self.transport)
         try:
             response = await self._metrics_client.get(url)
             if response.status_code == 404:  # not a vLLM server: it keeps its concurrency limit, no more polling
@@ -439,8 +461,11 @@ class DispatchPolicy:
             return
         engine.metrics_error = None
         # A concurrency-limited engine switches to counting tokens only while nothing of ours is in flight on it.
-        if engine.spec.capacity_tokens is None and "capacity_tokens" in figures and (
-                engine.unit == "tokens" or engine.in_flight == 0):
+        if (
+            engine.spec.capacity_tokens is None
+            and "capacity_tokens" in figures
+            and (engine.unit == "tokens" or engine.in_flight == 0)
+        ):
             engine.capacity, engine.unit, engine.source = figures["capacity_tokens"], "tokens", "vllm_metrics"
         if engine.unit == "tokens" and "usage" in figures:
             engine.external_used = figures["usage"] * engine.capacity
@@ -484,28 +509,40 @@ def endpoint_policy(
     served_model: str,
     *,
     native_tools: bool = True,
+    transport: httpx.AsyncBaseTransport | None = None,
     **policy_options: Any,
 ) -> DispatchPolicy:
     """A dispatcher over one :class:`~rstar_env.rollout.openai.OpenAIPolicy` per endpoint, speaking to ``env``.
 
     ``endpoints``: :class:`~rstar_env.config.EndpointSpec` (or URL strings). With several endpoints each policy
     retries a failure once before the dispatcher fails over to another engine (a dead server costs one backoff, not
-    five); with one, the policy's own retries are all there is. ``policy_options`` go to each ``OpenAIPolicy``.
+    five); with one, the policy's own retries are all there is. ``policy_options`` go to each ``OpenAIPolicy``;
+    ``transport`` (an ``httpx`` transport, e.g. ``httpx.MockTransport``) carries every request, metrics included.
     """
     from rstar_env.config import EndpointSpec
     from rstar_env.rollout.openai import OpenAIPolicy
 
     specs = [e if isinstance(e, EndpointSpec) else EndpointSpec.model_validate(e) for e in endpoints]
     if not specs:
-        raise ValueError("no endpoint given: pass --endpoint URL (several times for several engines) or set "
-                         "inference.endpoints in the config")
+        raise ValueError(
+            "no endpoint given: pass --endpoint URL (several times for several engines) or set "
+            "inference.endpoints in the config"
+        )
     if len(specs) > 1:
         policy_options.setdefault("max_retries", 1)
     engines = []
     for spec in specs:
         options = {"max_concurrency": spec.max_concurrency, **policy_options}
-        policy = OpenAIPolicy.for_env(env, spec.url, served_model, native_tools=native_tools, **options)
-        engines.append(EngineSpec(policy, spec.url, capacity_tokens=spec.capacity_tokens,
-                                  max_concurrency=spec.max_concurrency,
-                                  metrics_url=spec.metrics_url or metrics_url_for(spec.url)))
-    return DispatchPolicy(engines)
+        policy = OpenAIPolicy.for_env(
+            env, spec.url, served_model, native_tools=native_tools, transport=transport, **options
+        )
+        engines.append(
+            EngineSpec(
+                policy,
+                spec.url,
+                capacity_tokens=spec.capacity_tokens,
+                max_concurrency=spec.max_concurrency,
+                metrics_url=spec.metrics_url or metrics_url_for(spec.url),
+            )
+        )
+    return DispatchPolicy(engines, transport=transport)

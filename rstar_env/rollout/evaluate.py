@@ -2,7 +2,7 @@
 
 Resumable: trajectories already in the output file (matched by problem id, problem text, gold answer and sample
 index) are not run again, except those that ended in a failure of the system (``env_error``, ``policy_error``) and
-those produced with other settings (each record's ``metadata["settings"]``: the verifier's name and options hash,
+those produced with other settings (each record's ``metadata["settings"]``: the reward plugin's name and options hash,
 the env settings' hash; see ``MathToolEnv.settings_key``), which are run again (``rescored_stale`` counts them).
 
 Resuming never crosses models: with ``model`` (see :func:`model_identity`: the model's name or path and a hash of
@@ -69,8 +69,11 @@ def model_identity(
         files = [folder / gguf]
     else:
         weights = (".safetensors", ".bin", ".pt", ".gguf")
-        files = sorted(p for p in folder.iterdir() if p.is_file() and (
-            p.suffix in weights or p.name in ("config.json", "generation_config.json")))
+        files = sorted(
+            p
+            for p in folder.iterdir()
+            if p.is_file() and (p.suffix in weights or p.name in ("config.json", "generation_config.json"))
+        )
     digest = hashlib.sha256()
     for file in files:
         digest.update(file.name.encode() + b"\0" + _file_digest(file).encode() + b"\0")
@@ -165,7 +168,7 @@ async def evaluate(
         env = MathToolVectorEnv(max(1, min(width, len(rows) * samples)), tokenizer=policy.tokenizer, **env_options)
     try:
         # The last record of a job wins. One that ended in a system failure is not done, and runs again; so does
-        # one scored with other settings (another verifier, its options, the env's rules or tools): its score is
+        # one scored with other settings (another reward plugin, its options, the env's rules or tools): its score is
         # stale, never reported as current.
         # Only this run's selection counts (its rows and samples): a file may also hold other problems, or more
         # samples, from an earlier run with another --limit or dataset.

@@ -21,13 +21,17 @@ def default_export_dir(model: str | os.PathLike[str] | None = None) -> Path:
     """``$RSTAR_ENV_CACHE`` (default ``~/.cache/rstar-env``) ``/models/<name>``: outside any repository."""
     root = Path(os.environ.get("RSTAR_ENV_CACHE") or Path.home() / ".cache" / "rstar-env")
     folder, gguf = resolve_model(model)
-    name = DEFAULT_MODEL if model is None or str(model).lower().startswith("smollm2") else (
-        Path(gguf).stem if gguf else folder.name)
+    name = (
+        DEFAULT_MODEL
+        if model is None or str(model).lower().startswith("smollm2")
+        else (Path(gguf).stem if gguf else folder.name)
+    )
     return root / "models" / name
 
 
-def export_model(model: str | os.PathLike[str] | None = None, out: str | os.PathLike[str] | None = None, *,
-                 overwrite: bool = False) -> Path:
+def export_model(
+    model: str | os.PathLike[str] | None = None, out: str | os.PathLike[str] | None = None, *, overwrite: bool = False
+) -> Path:
     """Write ``model`` (default: SmolLM2-135M-Instruct) to ``out`` as a Hugging Face directory; return ``out``.
 
     An existing export (a directory with ``config.json`` and weights) is kept unless ``overwrite``.

@@ -135,6 +135,9 @@ def load_model(
             model.hf_quantizer = None
             if getattr(model.config, "quantization_config", None) is not None:
                 del model.config.quantization_config
+            # The flags too: transformers' Trainer (and TRL's, on it) refuses to train a model marked quantized.
+            model.is_quantized = False
+            model.config._is_quantized = False
         model.eval()
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -334,7 +337,10 @@ class TransformersPolicy:
                 step_pos = step_pos + 1
                 mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], dim=1)
                 out = self.model(
-                    input_ids=step_ids, attention_mask=mask, position_ids=step_pos, use_cache=True,
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=step_pos,
+                    use_cache=True,
                     **_cache_kwarg(self.model, past),
                 )
                 past = _cache_of(out)
@@ -374,9 +380,14 @@ class TransformersPolicy:
         # which for 32 rows of 700 tokens would be the biggest allocation of a training step.
         for lo in range(0, width, _PREFILL_CHUNK):
             hi = min(lo + _PREFILL_CHUNK, width)
-            out = self.model(input_ids=ids[:, lo:hi], attention_mask=mask[:, : shared + hi],
-                             position_ids=positions[:, lo:hi], use_cache=True, logits_to_keep=1,
-                             **_cache_kwarg(self.model, past))
+            out = self.model(
+                input_ids=ids[:, lo:hi],
+                attention_mask=mask[:, : shared + hi],
+                position_ids=positions[:, lo:hi],
+                use_cache=True,
+                logits_to_keep=1,
+                **_cache_kwarg(self.model, past),
+            )
             past = _cache_of(out)
         return past, mask, positions, out.logits[:, -1, :].float()
 

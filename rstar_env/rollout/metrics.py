@@ -50,8 +50,15 @@ def summarize(trajectories: Sequence[Trajectory], *, correct_threshold: float = 
     problems = len({t.id or t.problem for t in trajectories})
     scored = [t for t in trajectories if not t.failed]
     if not scored:
-        return {"problems": problems, "episodes": len(trajectories), "scored": 0, "pass@1": None,
-                "mean_reward": None, "end_reasons": dict(end_reasons), **failures}
+        return {
+            "problems": problems,
+            "episodes": len(trajectories),
+            "scored": 0,
+            "pass@1": None,
+            "mean_reward": None,
+            "end_reasons": dict(end_reasons),
+            **failures,
+        }
     by_problem: dict[str, list[Trajectory]] = defaultdict(list)
     for t in scored:
         by_problem[t.id or t.problem].append(t)
@@ -95,9 +102,11 @@ def format_summary_rows(summary: dict[str, Any]) -> Iterable[tuple[str, str]]:
     for key, value in summary.items():
         if key == "engines" and isinstance(value, list):  # the dispatcher's stats: one row per engine
             for engine in value:
-                yield (f"engine {engine.get('endpoint')}",
-                       f"requests {engine.get('requests')}, failed {engine.get('failed')}, "
-                       f"busy {float(engine.get('busy_s') or 0):.1f}s")
+                yield (
+                    f"engine {engine.get('endpoint')}",
+                    f"requests {engine.get('requests')}, failed {engine.get('failed')}, "
+                    f"busy {float(engine.get('busy_s') or 0):.1f}s",
+                )
         elif isinstance(value, float):
             yield key, f"{value:.4f}"
         elif isinstance(value, dict):

@@ -74,9 +74,7 @@ def _import_httpx() -> Any:
     try:
         import httpx
     except ImportError:
-        raise ImportError(
-            "OpenAIPolicy needs httpx, an optional dependency: pip install 'rstar-env[openai]'"
-        ) from None
+        raise ImportError("OpenAIPolicy needs httpx, an optional dependency: pip install 'rstar-env[openai]'") from None
     return httpx
 
 
@@ -117,6 +115,9 @@ class OpenAIPolicy:
         backoff_s / max_backoff_s: the first backoff and the cap of one wait (``Retry-After`` is capped too).
         extra_body: merged into every request body (vLLM's ``skip_special_tokens``, ``stop``, ``top_k``, ...).
         headers: extra HTTP headers.
+        transport: the ``httpx`` transport the client sends through (default: httpx's own, over the network); the
+            client closes it in :meth:`aclose`. An ``httpx.MockTransport`` answers in process: scripted endpoints
+            for tests and benchmarks, with no server.
     """
 
     tokenizer: object | None = None
@@ -138,6 +139,7 @@ class OpenAIPolicy:
         max_backoff_s: float = 30.0,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._httpx = _import_httpx()
         if max_concurrency < 1:
@@ -162,6 +164,7 @@ class OpenAIPolicy:
         self.max_backoff_s = max_backoff_s
         self.extra_body = dict(extra_body or {})
         self.headers = dict(headers or {})
+        self.transport = transport
         self._rng = random.Random(self.sampling.seed)  # backoff jitter
         self._sent = 0  # requests issued, for per-request seeds
         # Bound to the event loop that first uses them; rebuilt if a later call runs on another loop.
@@ -243,23 +246,29 @@ class OpenAIPolicy:
             content, cursor = [], 0
             for i, block in enumerate(blocks):
                 call = turn.tool_calls[i] if i < len(turn.tool_calls) else None
-                content.append(action[cursor:block.start()])
+                content.append(action[cursor : block.start()])
                 cursor = block.end()
                 if call is not None and call.name is not None and isinstance(call.arguments, dict):
                     call_id = f"call_{t}_{i}"
                     # Markers only ever sit inside the JSON's strings, so the arguments stay valid JSON.
                     arguments = neutralize_markers(json.dumps(call.arguments, ensure_ascii=False))
-                    native.append({"id": call_id, "type": "function", "function": {
-                        "name": neutralize_markers(call.name), "arguments": arguments}})
-                    replies.append({"role": "tool", "tool_call_id": call_id,
-                                    "content": neutralize_markers(call.result.text)})
+                    native.append(
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": neutralize_markers(call.name), "arguments": arguments},
+                        }
+                    )
+                    replies.append(
+                        {"role": "tool", "tool_call_id": call_id, "content": neutralize_markers(call.result.text)}
+                    )
                 else:  # no native form: keep what the model wrote, answer it in text
                     content.append(block.group(0))
                     if call is not None:
                         unreadable.append(call.result.text)
             content.append(action[cursor:])
             # Results the env recorded beyond the blocks found here (should not happen) are still shown.
-            unreadable.extend(call.result.text for call in turn.tool_calls[len(blocks):])
+            unreadable.extend(call.result.text for call in turn.tool_calls[len(blocks) :])
             text = "".join(content).strip() if native else "".join(content)
             assistant: dict[str, Any] = {"role": "assistant", "content": text if text or not native else None}
             if native:
@@ -340,8 +349,10 @@ class OpenAIPolicy:
                 base_url=self.base_url,
                 headers={"Authorization": f"Bearer {self.api_key}", **self.headers},
                 timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30.0)),
-                limits=httpx.Limits(max_connections=self.max_concurrency,
-                                    max_keepalive_connections=self.max_concurrency),
+                limits=httpx.Limits(
+                    max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
+                ),
+                transport=self.transport,
             )
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._loop = loop
@@ -363,8 +374,9 @@ class OpenAIPolicy:
                     break
                 except _RetryableError as exc:
                     if attempts > self.max_retries:
-                        raise _FatalError(f"{exc} (gave up after {attempts} attempts)", retryable=True,
-                                          connection=exc.connection) from None
+                        raise _FatalError(
+                            f"{exc} (gave up after {attempts} attempts)", retryable=True, connection=exc.connection
+                        ) from None
                     await asyncio.sleep(self._backoff(attempts, exc.retry_after))
         except _FatalError as exc:
             return self._error(str(exc), attempts, start, retryable=exc.retryable, connection=exc.connection)
@@ -402,13 +414,22 @@ class OpenAIPolicy:
         return self._rng.uniform(ceiling / 2, ceiling)  # "equal jitter": never zero, never above the cap
 
     @staticmethod
-    def _error(message: str, attempts: int, start: float, *, retryable: bool = False,
-               connection: bool = False) -> Generation:
+    def _error(
+        message: str, attempts: int, start: float, *, retryable: bool = False, connection: bool = False
+    ) -> Generation:
         # ``retryable``: the server failed (another may answer); ``connection``: it could not be reached at all.
         # A multi-engine dispatcher fails over on these and marks an unreachable server down at once.
-        return Generation(text="", finish_reason="error", metadata={
-            "error": message, "attempts": attempts, "latency_s": round(time.perf_counter() - start, 6),
-            "retryable": retryable, "connection_error": connection})
+        return Generation(
+            text="",
+            finish_reason="error",
+            metadata={
+                "error": message,
+                "attempts": attempts,
+                "latency_s": round(time.perf_counter() - start, 6),
+                "retryable": retryable,
+                "connection_error": connection,
+            },
+        )
 
     def __repr__(self) -> str:
         return f"OpenAIPolicy(base_url={self.base_url!r}, model={self.model!r}, native_tools={self.native_tools})"

@@ -51,8 +51,10 @@ def parse_tool_sft_spec(spec: str) -> dict[str, Any] | None:
     for item in filter(None, (p.strip() for p in params.split(","))):
         key, eq, value = (s.strip() for s in item.partition("="))
         if not eq or key not in ("n", "seed", "level", "kind", "fix", "no_tool"):
-            raise DataError(f"bad parameter {item!r} in {spec!r}: expected n=INT, seed=INT, level=1..5|LO-HI, "
-                            "kind=arithmetic, fix=SHARE, no_tool=SHARE")
+            raise DataError(
+                f"bad parameter {item!r} in {spec!r}: expected n=INT, seed=INT, level=1..5|LO-HI, "
+                "kind=arithmetic, fix=SHARE, no_tool=SHARE"
+            )
         try:
             out[key] = int(value) if key in ("n", "seed") else float(value) if key in ("fix", "no_tool") else value
         except ValueError:
@@ -82,8 +84,9 @@ def generate_tool_sft(
     (progress).
     """
     if kind != "arithmetic":
-        raise DataError(f"tool SFT data is generated from arithmetic problems (their expression is the code); "
-                        f"got kind={kind!r}")
+        raise DataError(
+            f"tool SFT data is generated from arithmetic problems (their expression is the code); got kind={kind!r}"
+        )
     if not (0 <= fix <= 1 and 0 <= no_tool <= 1 and fix + no_tool <= 1):
         raise DataError(f"shares must lie in [0, 1] and fix + no_tool <= 1; got fix={fix}, no_tool={no_tool}")
     from rstar_env import aio
@@ -101,14 +104,19 @@ def generate_tool_sft(
     return aio.run_sync(_drive_all(plans, config, max(1, concurrency), on_done))
 
 
-async def _drive_all(plans: list[tuple[Any, str, str, int]], config: Any, concurrency: int,
-                     on_done: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+async def _drive_all(
+    plans: list[tuple[Any, str, str, int]],
+    config: Any,
+    concurrency: int,
+    on_done: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
     from rstar_env.env import MathToolEnv
 
     first = MathToolEnv(config=config, max_turns=4, max_length=None)
     envs = [first] + [
-        MathToolEnv(config=first.config, tools=list(first.tools.values()), reward=first.reward_fn,
-                     max_turns=4, max_length=None)
+        MathToolEnv(
+            config=first.config, tools=list(first.tools.values()), reward=first.reward_fn, max_turns=4, max_length=None
+        )
         for _ in range(min(concurrency, len(plans)) - 1)
     ]
     out: list[dict[str, Any] | None] = [None] * len(plans)
@@ -156,10 +164,12 @@ async def _drive_one(env: Any, problem: Any, style: str, error: str, salt: int) 
 
     if style == "no_tool":
         reward, done, traj = await act(
-            f"{expression} = {problem.answer}.\n<answer>\\boxed{{{problem.answer}}}</answer>")
+            f"{expression} = {problem.answer}.\n<answer>\\boxed{{{problem.answer}}}</answer>"
+        )
     else:
-        lead = rng.choice(("Let me compute it with Python.", "I will use Python to calculate this.",
-                           "I can check this with Python."))
+        lead = rng.choice(
+            ("Let me compute it with Python.", "I will use Python to calculate this.", "I can check this with Python.")
+        )
         name = rng.choice(("result", "value", "total", "answer"))
         first = _code(expression, error if style == "fix" else None, name, rng)
         reward, done, traj = await act(f"{lead}\n{format_tool_call('python', {'code': first})}")
@@ -170,25 +180,34 @@ async def _drive_one(env: Any, problem: Any, style: str, error: str, salt: int) 
             last = call.result.text.strip().splitlines()[-1] if call.result.text.strip() else call.error
             fixed = _code(expression, None, name, rng)  # the fix keeps the variable the code defined
             reward, done, traj = await act(
-                f"The code failed: {last.strip()}. Let me fix it.\n{format_tool_call('python', {'code': fixed})}")
+                f"The code failed: {last.strip()}. Let me fix it.\n{format_tool_call('python', {'code': fixed})}"
+            )
             call = traj.turns[-1].tool_calls[0]
         printed = _NUMBER.findall(call.result.text)
         if call.error is not None or not printed or printed[-1] != problem.answer:
-            raise DataError(f"{problem.id}: the sandbox printed {call.result.text!r} for {expression} "
-                            f"(expected {problem.answer})")
-        reward, done, traj = await act(
-            f"The result is {printed[-1]}.\n<answer>\\boxed{{{printed[-1]}}}</answer>")
+            raise DataError(
+                f"{problem.id}: the sandbox printed {call.result.text!r} for {expression} (expected {problem.answer})"
+            )
+        reward, done, traj = await act(f"The result is {printed[-1]}.\n<answer>\\boxed{{{printed[-1]}}}</answer>")
     if not done or reward <= 0:
         raise DataError(f"{problem.id}: the scripted episode ended {traj.end_reason!r} with reward {reward}")
-    messages = [{"role": "system", "content": env.system_prompt},
-                {"role": "user", "content": env.settings.user_template.replace("{problem}", problem.problem)}]
+    messages = [
+        {"role": "system", "content": env.system_prompt},
+        {"role": "user", "content": env.settings.user_template.replace("{problem}", problem.problem)},
+    ]
     for turn in traj.turns:
         messages.append({"role": "assistant", "content": turn.action})
         if turn.tool_calls:
             outputs = [c.result.text for c in turn.tool_calls]
             messages.append({"role": "tool", "content": render_tool_responses(outputs)})
-    return {"id": problem.id, "problem": problem.problem, "answer": problem.answer, "style": style,
-            "error": error if style == "fix" else None, "messages": messages}
+    return {
+        "id": problem.id,
+        "problem": problem.problem,
+        "answer": problem.answer,
+        "style": style,
+        "error": error if style == "fix" else None,
+        "messages": messages,
+    }
 
 
 @dataclass
@@ -214,8 +233,9 @@ def sft_tokens(messages: Sequence[dict[str, Any]], tokenizer: Any, chat_format: 
     roles = [m.get("role") for m in messages]
     if len(roles) < 3 or roles[0] != "system" or roles[1] != "user" or roles[-1] != "assistant":
         raise ValueError(f"an SFT conversation is system, user, (assistant, tool)*, assistant; got roles {roles}")
-    ids = list(tokenizer.encode(fmt.render_prompt(messages[0]["content"], messages[1]["content"]),
-                                add_special_tokens=False))
+    ids = list(
+        tokenizer.encode(fmt.render_prompt(messages[0]["content"], messages[1]["content"]), add_special_tokens=False)
+    )
     mask = [0] * len(ids)
     specials = SpecialTokens.of(tokenizer).strings
     body = messages[2:]

@@ -13,29 +13,19 @@ turn: none binds an asyncio primitive to a loop at construction.
 from __future__ import annotations
 
 import importlib
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from rstar_env.outcomes import EXEC_STATUSES, Outcome, exec_status
-
-ExecStatus = Literal["ok", "exception", "timeout", "crash", "output_limit"]
-"""``ok``: ran to the end. ``exception``: raised an exception (``message`` holds its summary). ``timeout``: killed
-at the wall-clock limit. ``crash``: the interpreter died (signal, memory bomb, killed parent, dead sandbox).
-``output_limit``: produced more output than the backend keeps, and was stopped. The names are those of
-``ToolResult.error`` (:mod:`rstar_env.outcomes`); the former ``"error"`` and ``"crashed"`` still work, with a
-:class:`DeprecationWarning`."""
-
-_UNSET: Any = object()
+from rstar_env.outcomes import EXEC_STATUSES, ExecStatus  # what each status means: rstar_env.outcomes
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class ExecResult:
     """The outcome of one ``execute`` call: ``ExecResult(stdout, stderr, status, message, duration_s)``.
 
-    ``status`` is an :class:`~rstar_env.outcomes.Outcome` (a ``str``); ``message`` says what went wrong (the
-    exception's summary, why the interpreter died), ``None`` when the code ran to the end. ``error=`` and ``.error``
-    are the former names of ``message``, kept with a :class:`DeprecationWarning`.
+    ``status`` is one of :data:`~rstar_env.outcomes.EXEC_STATUSES` (a plain ``str``; anything else raises
+    ``ValueError``); ``message`` says what went wrong (the exception's summary, why the interpreter died), ``None``
+    when the code ran to the end.
     """
 
     stdout: str
@@ -47,32 +37,9 @@ class ExecResult:
     queue_s: float = field(default=0.0, compare=False)
     """Time the call waited before it started running (for a free slot, its session's turn, a worker)."""
 
-    def __init__(
-        self,
-        stdout: str,
-        stderr: str,
-        status: str,
-        message: str | None = None,
-        duration_s: float = 0.0,
-        queue_s: float = 0.0,
-        *,
-        error: str | None = _UNSET,
-    ) -> None:
-        if error is not _UNSET:
-            warnings.warn("ExecResult(error=...) is now ExecResult(message=...)", DeprecationWarning, stacklevel=2)
-            if message is not None:
-                raise TypeError("ExecResult got both message= and its former name error=: pass message= only")
-            message = error
-        for name, value in (("stdout", stdout), ("stderr", stderr), ("message", message),
-                            ("duration_s", duration_s), ("queue_s", queue_s)):  # fmt: skip
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "status", exec_status(status, stacklevel=2))
-
-    @property
-    def error(self) -> str | None:
-        """Deprecated: the former name of :attr:`message` (``ToolResult.error`` is a kind, this is a message)."""
-        warnings.warn("ExecResult.error is now ExecResult.message", DeprecationWarning, stacklevel=2)
-        return self.message
+    def __post_init__(self) -> None:
+        if self.status not in EXEC_STATUSES:
+            raise ValueError(f"ExecResult.status must be one of {EXEC_STATUSES}, got {self.status!r}")
 
     @property
     def ok(self) -> bool:
@@ -82,7 +49,7 @@ class ExecResult:
         return {
             "stdout": self.stdout,
             "stderr": self.stderr,
-            "status": str(self.status),
+            "status": self.status,
             "message": self.message,
             "duration_s": self.duration_s,
             "queue_s": self.queue_s,
@@ -135,9 +102,7 @@ def create_sandbox(backend: str = "local", **options: Any) -> Sandbox:
     try:
         target = BACKENDS[backend]
     except KeyError:
-        raise ValueError(
-            f"unknown sandbox backend {backend!r}; choose one of {sorted(BACKENDS)}"
-        ) from None
+        raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {sorted(BACKENDS)}") from None
     module_name, _, class_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -153,7 +118,6 @@ __all__ = [
     "EXEC_STATUSES",
     "ExecResult",
     "ExecStatus",
-    "Outcome",
     "Sandbox",
     "SandboxError",
     "create_sandbox",

@@ -14,11 +14,11 @@ import dataclasses
 import os
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime import runtime
 from . import ExecResult, SandboxError, _client
 
 
@@ -44,19 +44,6 @@ class _Session:
         with self.turn:
             self.serving += 1
             self.turn.notify_all()
-
-
-_LIVE: weakref.WeakSet[ThreadedSandbox] = weakref.WeakSet()
-"""Every sandbox of this process, for :func:`_after_fork_in_child`."""
-
-
-def _after_fork_in_child() -> None:
-    # A fork (multiprocessing, AsyncVectorEnv) copies the sandboxes into the child without the threads behind them.
-    for sandbox in list(_LIVE):
-        sandbox._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class ThreadedSandbox(abc.ABC):
@@ -90,7 +77,9 @@ class ThreadedSandbox(abc.ABC):
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         self._closed = False
-        _LIVE.add(self)
+        # A fork (multiprocessing, AsyncVectorEnv) copies the sandbox into the child without its threads: the
+        # runtime's one fork hook calls this copy's _after_fork_in_child there (held weakly, so no leak).
+        runtime().on_fork(self._after_fork_in_child)
 
     def _after_fork_in_child(self) -> None:
         """In a forked child: start from no threads and no sessions, so that the copy works there on its own.
@@ -296,9 +285,9 @@ class ThreadedSandbox(abc.ABC):
         self, state: _Session, code: str, stdin: str, limits: dict[str, Any], submitted: float
     ) -> ExecResult:
         if state.worker is not None and state.worker.is_dead():
+            lost = state.worker.death_note()
             state.worker.close()
             state.worker = None
-            lost = "the session's interpreter died between calls; its state is lost"
             return ExecResult("", "", "crash", lost, queue_s=time.monotonic() - submitted)
         for attempt in range(2):
             if state.worker is None:

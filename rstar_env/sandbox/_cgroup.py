@@ -5,18 +5,23 @@ Layout, created only below the cgroup the pool's own process is in (never elsewh
     <the caller's cgroup>/rstar-sandbox-<pid>-<hex>/     the pool: memory.limit = pool_memory_mb
                                                 w<hex>/  one worker: memory = memory_mb, pids = max_processes
 
-On cgroup v1 (separate ``memory``, ``pids`` and ``cpuacct`` hierarchies) this layout exists in each; on cgroup v2
-it is one directory, used only where the caller's cgroup already delegates the ``memory`` and ``pids``
-controllers to its children. The pool (the caller's process) creates its directory and passes the zygote an open
-descriptor per hierarchy, so the zygote needs no view of ``/sys`` inside its namespaces; each spare creates and
-enters its own worker cgroup right after it is forked, before anything else. The empty cgroup of a dead worker
-is kept for a later spare (its limits stay set; CPU time is counted from a base), which spares a ``mkdir`` and
-an ``rmdir`` per call.
+On cgroup v1 (separate ``memory``, ``pids`` and ``cpuacct`` hierarchies, and ``freezer`` where it is mounted) this
+layout exists in each; on cgroup v2 it is one directory, used only where the caller's cgroup already delegates
+the ``memory`` and ``pids`` controllers to its children. The pool (the caller's process) creates its directory
+and passes the zygote an open descriptor per hierarchy, so the zygote needs no view of ``/sys`` inside its
+namespaces; each spare creates and enters its own worker cgroup right after it is forked, before anything else.
+The empty cgroup of a dead worker is kept for a later spare (its limits stay set; CPU time is counted from a
+base), which spares a ``mkdir`` and an ``rmdir`` per call.
 
 The memory controller counts what the whole tree holds: anonymous memory, page cache, memfds, POSIX and SysV
 shared memory and the worker's tmpfs pages. Beyond the budget the kernel's OOM killer ends a process of that
 worker, never the trainer. A worker is killed as a whole cgroup (every process in it, including children made
 with ``CLONE_PARENT``, double forks and daemons), and its cgroup removed once it is empty.
+
+A session is frozen between its calls (:meth:`WorkerCgroups.freeze`: the v1 ``freezer`` controller, or v2's
+``cgroup.freeze``): a stopped process can be resumed by a signal it arranged itself (a timer sending SIGCONT), a
+frozen one cannot. A v1-frozen process cannot die either, so every kill here thaws the cgroup after its SIGKILLs
+(the process dies on waking, before it runs any code of its own).
 
 Stdlib only: the zygote loads this module without ``rstar_env``.
 """
@@ -32,6 +37,8 @@ from dataclasses import dataclass
 
 ROOT = "/sys/fs/cgroup"
 V1_CONTROLLERS = ("memory", "pids", "cpuacct")
+V1_OPTIONAL = ("freezer",)
+"""Used where mounted: without it, sessions cannot be frozen between calls (see :mod:`._zygote`)."""
 POOL_PREFIX = "rstar-sandbox-"
 MIB = 1 << 20
 
@@ -99,7 +106,8 @@ class PoolCgroup:
         own = _own_paths()
         name = f"{POOL_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         if all(c in own for c in V1_CONTROLLERS):
-            parents = {c: os.path.normpath(f"{ROOT}/{c}{own[c]}") for c in V1_CONTROLLERS}
+            found = [*V1_CONTROLLERS, *(c for c in V1_OPTIONAL if c in own and os.path.isdir(f"{ROOT}/{c}"))]
+            parents = {c: os.path.normpath(f"{ROOT}/{c}{own[c]}") for c in found}
             version = 1
         elif "" in own and os.path.exists(f"{ROOT}/cgroup.controllers"):
             parents = {"unified": os.path.normpath(f"{ROOT}{own['']}")}
@@ -113,13 +121,19 @@ class PoolCgroup:
                 raise OSError(
                     f"the cgroup v2 group {own['']} does not delegate the memory and pids controllers to its children"
                 )
-        for parent in parents.values():
+        # The freezer first: a frozen process of a dead pool dies only once thawed.
+        for _hierarchy, parent in sorted(parents.items(), key=lambda item: item[0] != "freezer"):
             reap_stale(parent)
         pool = cls(version, {}, {})
         try:
             for hierarchy, parent in parents.items():
                 path = os.path.join(parent, name)
-                os.mkdir(path, 0o755)
+                try:
+                    os.mkdir(path, 0o755)
+                except OSError:
+                    if hierarchy in V1_OPTIONAL:
+                        continue  # the zygote names what is missing
+                    raise
                 pool.paths[hierarchy] = path
                 pool.fds[hierarchy] = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             if version == 2:
@@ -145,8 +159,17 @@ class PoolCgroup:
                 os.close(fd)
         self.fds = {}
 
+    def thaw(self) -> None:
+        """Thaw every worker's cgroup (see :meth:`WorkerCgroups.freeze`)."""
+        for hierarchy in ("freezer", "unified"):
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(self.paths[hierarchy]) if hierarchy in self.paths else ():
+                    if entry.is_dir(follow_symlinks=False):
+                        _thaw(entry.path)
+
     def remove(self) -> None:
         """Kill whatever is left in the pool's cgroup, remove it (and its workers' cgroups), close the fds."""
+        self.thaw()
         self.close_fds()
         for path in self.paths.values():
             _remove_tree(path)
@@ -161,6 +184,13 @@ def _procs(path: str) -> list[int]:
         return []
 
 
+def _thaw(path: str) -> None:
+    """Thaw the cgroup at ``path`` if it is frozen (a frozen v1 process dies only once thawed)."""
+    for name, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+        with contextlib.suppress(OSError), open(os.path.join(path, name), "w") as f:
+            f.write(value)
+
+
 def _remove_tree(path: str) -> None:
     """Kill every process in the cgroup at ``path`` and below, then remove the directories, deepest first."""
     try:
@@ -169,13 +199,15 @@ def _remove_tree(path: str) -> None:
         return
     for child in children:
         _remove_tree(child)
-    for _ in range(100):
+    for attempt in range(100):
         pids = _procs(path)
         if not pids:
             break
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        if attempt == 0:
+            _thaw(path)  # after the SIGKILLs: a frozen session dies on waking
         time.sleep(0.01)
     for _ in range(50):
         try:
@@ -220,6 +252,8 @@ class WorkerCgroups:
         any_fd = next(iter(self.fds.values()))
         self.procs_fd = self.fds.get("pids" if self.version == 1 else "unified", any_fd)
         self.cpu_fd = self.fds.get("cpuacct" if self.version == 1 else "unified")
+        self.freezer_fd = self.fds.get("freezer" if self.version == 1 else "unified")
+        """None where no freezer is mounted (v1); :meth:`freeze` raises OSError where it does not work."""
 
     def enter(self, name: str) -> None:
         """In a fresh spare, before anything else: create its cgroup, set its budget, move itself in."""
@@ -279,9 +313,33 @@ class WorkerCgroups:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+            if attempt == 0 and spare is None and self.freezer_fd is not None:
+                with contextlib.suppress(OSError):
+                    self.thaw(name)  # after the SIGKILLs: a frozen session dies on waking, running nothing
             if attempt >= 10:
                 time.sleep(0.001)  # killed processes still exiting: do not spin on them
         return False
+
+    def freeze(self, name: str) -> None:
+        """Freeze every process of the worker's cgroup: none runs, whatever signal it gets, until :meth:`thaw`.
+
+        Asynchronous on v1 (``FREEZING`` until each process is caught; a stopped one is at once). Raises OSError
+        where there is no freezer."""
+        if self.freezer_fd is None:
+            raise OSError("the freezer controller is not mounted")
+        if self.version == 1:
+            _write(self.freezer_fd, f"{name}/freezer.state", "FROZEN")
+        else:
+            _write(self.freezer_fd, f"{name}/cgroup.freeze", "1")
+
+    def thaw(self, name: str) -> None:
+        """Undo :meth:`freeze`."""
+        if self.freezer_fd is None:
+            raise OSError("the freezer controller is not mounted")
+        if self.version == 1:
+            _write(self.freezer_fd, f"{name}/freezer.state", "THAWED")
+        else:
+            _write(self.freezer_fd, f"{name}/cgroup.freeze", "0")
 
     def cpu_s(self, name: str) -> float | None:
         """CPU seconds used by every process that was ever in the worker's cgroup."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 import os
 import select
 import signal
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,10 @@ START_WAIT_S = 60.0
 MAX_REPLY_BYTES = 1 << 16
 """Largest message the caller reads from a worker's channel. Replies are a status and a one-line error (output
 travels on the pipes, under ``max_output_bytes``); anything longer fails the call before it is buffered."""
+CONTINUED = (
+    "the session was resumed between calls (by a timer or a signal it set up) and this machine cannot freeze it, "
+    "so it was ended and its state (variables, imports) is lost"
+)
 THREADS_LEFT = (
     "threads started by this code were still running when it ended, so the session was ended and its state "
     "(variables, imports) is lost; join every thread you start before the code ends"
@@ -61,6 +67,19 @@ class Worker(abc.ABC):
         except (OSError, ValueError):
             return True
         return bool(readable)
+
+    def death_note(self) -> str:
+        """After :meth:`is_dead`: why a session's worker is gone, in words for the model (reads the exit message)."""
+        lost = "the session's interpreter died between calls; its state is lost"
+        with contextlib.suppress(OSError, _protocol.ProtocolError):
+            self.chan.settimeout(0.1)
+            received = _protocol.recv_message(self.chan, MAX_REPLY_BYTES)
+            if received is not None:
+                for fd in received[1]:
+                    os.close(fd)
+                if received[0].get("reason") == "continued":
+                    return CONTINUED
+        return lost
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -138,14 +157,16 @@ def run_call(
         os.set_blocking(out_r, False)
         os.set_blocking(err_r, False)
         output = _Output((out_r, err_r), max_output_bytes)
-        request = {"op": "exec", "token": token, "code": code, "stdin": stdin, "cpu_s": cpu_s}
+        request = {"op": "exec", "token": token, "cpu_s": cpu_s}
+        body = request_body(code, stdin)
         try:
             worker.chan.settimeout(max(0.05, timeout_s))
-            _protocol.send_message(worker.chan, request, (out_w, err_w))
+            _protocol.send_message(worker.chan, request, (body, out_w, err_w))
             sent = True
         except OSError:
             sent = False  # the worker is gone; its fate is on the channel
         finally:
+            os.close(body)
             os.close(out_w)
             os.close(err_w)
         clock = _Clock(start if worker.started else None, timeout_s)
@@ -160,6 +181,44 @@ def run_call(
     finally:
         os.close(out_r)
         os.close(err_r)
+
+
+def request_body(code: str, stdin: str) -> int:
+    """A memfd holding a call's code and stdin, read from the start by the worker.
+
+    The request's message carries only this descriptor: under the ``local`` pool it passes through the zygote,
+    every later worker is a fork of the zygote's memory, so the code and stdin must never be read there.
+    """
+    fd = os.memfd_create("rstar-request", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(json.dumps({"code": code, "stdin": stdin}).encode())
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_report(fds: list[int]) -> dict[str, Any] | None:
+    """A worker's report of a call (``{"status", "error"}``) from the file it attached (the ``local`` pool's
+    workers report in a memfd, which the zygote passes on unread); None if there is none or it is not one.
+    Closes ``fds``."""
+    try:
+        if len(fds) != 1 or not stat.S_ISREG(os.fstat(fds[0]).st_mode):
+            return None  # a pipe or a device could block or never end: only a regular file is read
+        data = os.pread(fds[0], MAX_REPLY_BYTES + 1, 0)
+        report = json.loads(data) if len(data) <= MAX_REPLY_BYTES else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    if not isinstance(report, dict) or report.get("status") not in ("ok", "error"):
+        return None
+    return {"status": report["status"], "error": report.get("error")}
 
 
 class _Clock:
@@ -210,9 +269,18 @@ def _wait(
             if received is None:
                 return None, None, True, None
             message, fds = received
+            op = message.get("op")
+            if op in ("result", "exit") and fds:
+                # The local pool: the worker's report rides in a file it attached, unread by the zygote.
+                report, fds = read_report(fds), []
+                if op == "exit":
+                    message["result"] = report
+                elif report is None:
+                    return None, None, False, "protocol"
+                else:
+                    message.update(report)
             for extra in fds:
                 os.close(extra)
-            op = message.get("op")
             if op == "result" and sent and message.get("token") == token:
                 return message, None, False, None
             if op == "exit":

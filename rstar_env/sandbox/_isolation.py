@@ -6,16 +6,19 @@ Preference order for ``isolation="auto"``:
    filesystem is built from an allowlist (:func:`visible_paths`): the system directories (``/usr``, ``/lib*``,
    ``/bin``, ``/sbin``), a few files of ``/etc`` the loader and libc read, and the interpreter's install
    locations (prefixes and site-packages folders), all read-only at their own paths; a minimal ``/dev``, a fresh
-   ``/proc``, an empty ``/tmp``, and the pool's own directory. No host ``/tmp``, ``/home``, ``/root`` (beyond the
-   interpreter), script folder, working directory, ``PYTHONPATH`` entry, project checkout or ``/etc/shadow``.
-   The zygote is PID 1.
+   ``/proc``, an empty ``/tmp``, and copies of the sandbox's own modules at :data:`PACKAGE_MOUNT`. No host
+   ``/tmp``, ``/home``, ``/root`` (beyond the interpreter), script folder, working directory, ``PYTHONPATH``
+   entry, project checkout or ``/etc/shadow``; nor their names: only the interpreter's folders are bound (so
+   named in ``/proc/self/mountinfo``), and the environment keeps only the ``PATH`` entries the sandbox has. The
+   zygote is PID 1.
 2. **unshare** (util-linux): new PID, IPC, mount and network namespaces with a fresh ``/proc`` (the zygote is
    PID 1), but the host filesystem as the worker's uid sees it, except that a private directory holding the
    interpreter (``/root``) is covered, with only the interpreter bound back (:func:`._limits.expose_interpreter`).
 3. **none**: the zygote is a plain subreaper process.
 
 On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC and network namespaces
-and its own empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (:func:`._limits.private_namespaces`), a cgroup
+and its own empty ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc`` view (:func:`._limits.private_namespaces`), a
+cgroup
 (:mod:`._cgroup`) and a syscall filter (:mod:`._seccomp`), set up in the spare before it takes a call, so they
 cost nothing on a call's latency. Whatever cannot be had is named in a single warning. The user-facing account
 is ``docs/security.md``.
@@ -30,8 +33,8 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 logger = logging.getLogger("rstar_env.sandbox")
@@ -40,7 +43,13 @@ ISOLATION_MODES = ("auto", "bwrap", "unshare", "none")
 SHM_BYTES = 64 << 20
 """Size of the pool's own ``/dev/shm`` under bubblewrap (each worker mounts its own over it)."""
 PACKAGE_MOUNT = "/run/rstar-sandbox"
-"""Where the sandbox's own modules are bound under bubblewrap (not at their path: that is the project checkout)."""
+"""Where copies of the sandbox's own modules are under bubblewrap (not their folder bound at its path: that names
+the project checkout, in the path and in ``/proc/self/mountinfo``)."""
+POOL_DIR = "/tmp/rstar-pool"
+"""The zygote's folder under bubblewrap, in the pool's own ``/tmp`` (workers without a private ``/tmp`` work
+there); elsewhere, the pool's host folder."""
+PATH_VARS = ("PATH", "PYTHONPATH")
+PREFIX_VARS = ("VIRTUAL_ENV", "CONDA_PREFIX")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
     "/etc/ld.so.cache",
@@ -72,17 +81,47 @@ class Isolation:
     missing: tuple[str, ...] = ()
     """Human-readable gaps, e.g. "read-only filesystem (bubblewrap is not installed)"."""
 
-    def command(self, writable: str, python: str | None = None) -> list[str]:
-        """The wrapper's command-line prefix; ``writable`` is the one host directory the pool may write."""
+    def command(self, python: str | None = None, package_fds: Mapping[str, int] | None = None) -> list[str]:
+        """The wrapper's command-line prefix. ``package_fds``: ``{file name: readable fd}`` of the sandbox's
+        modules, copied into the view at :data:`PACKAGE_MOUNT` by bubblewrap (pass the fds to it)."""
         if self.kind == "none":
             return []
         if self.kind == "bwrap":
-            return _bwrap_prefix(self.network, writable, visible_paths(python))
+            return _bwrap_prefix(self.network, visible_paths(python), package_fds or {})
         return _unshare_prefix(self.network)
 
     def package_dir(self, host_dir: str) -> str:
         """Where the zygote finds the sandbox's modules (``host_dir`` on the host)."""
         return PACKAGE_MOUNT if self.kind == "bwrap" else host_dir
+
+    def pool_dir(self, host_dir: str) -> str:
+        """The zygote's folder as it sees it (:data:`POOL_DIR` under bubblewrap; ``host_dir`` elsewhere)."""
+        return POOL_DIR if self.kind == "bwrap" else host_dir
+
+    def environment(self, env: Mapping[str, str], python: str | None = None) -> dict[str, str]:
+        """``env`` as the sandbox gets it: under bubblewrap, ``PATH`` and ``PYTHONPATH`` keep only the folders its
+        view holds, and ``VIRTUAL_ENV`` and ``CONDA_PREFIX`` are kept only if it holds them (a host folder such
+        as ``~/.cargo/bin`` or a checkout on ``PYTHONPATH`` is of no use inside, and would name the host)."""
+        if self.kind != "bwrap":
+            return dict(env)
+        seen = (*SYSTEM_DIRS, *visible_paths(python))
+
+        def visible(path: str) -> bool:
+            path = os.path.normpath(path)
+            return os.path.isabs(path) and any(path == d or path.startswith(d + os.sep) for d in seen)
+
+        kept = dict(env)
+        for name in PATH_VARS:
+            if name in kept:
+                entries = [p for p in kept[name].split(os.pathsep) if p and visible(p)]
+                kept[name] = os.pathsep.join(entries)
+                if not entries:
+                    del kept[name]
+        for name in PREFIX_VARS:
+            if name in kept and not visible(kept[name]):
+                del kept[name]
+        kept.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        return kept
 
 
 ISOLATION_NONE_ADVICE = (
@@ -150,10 +189,12 @@ def _under_tmp(path: str) -> bool:
     return path == "/tmp" or path.startswith("/tmp/")
 
 
-def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ...] = ()) -> list[str]:
-    from ._spawn import PACKAGE_DIR
-
-    prefix = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--as-pid-1"]
+def _bwrap_prefix(
+    network: bool, interpreter_paths: tuple[str, ...] = (), package_fds: Mapping[str, int] | None = None
+) -> list[str]:
+    # By its full path: the environment it is started with keeps only the sandbox's own PATH entries.
+    bwrap = shutil.which("bwrap") or "bwrap"
+    prefix = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--as-pid-1", "--chdir", "/"]
     prefix += ["--unshare-ipc", "--unshare-uts"]
     if not network:
         prefix.append("--unshare-net")
@@ -186,12 +227,15 @@ def _bwrap_prefix(network: bool, writable: str, interpreter_paths: tuple[str, ..
         if path in under_tmp or any(path == d or path.startswith(d + os.sep) for d in SYSTEM_DIRS):
             continue
         prefix += bind(path)
-    prefix += ["--ro-bind", PACKAGE_DIR, PACKAGE_MOUNT]
+    if package_fds:
+        # Copies, not a bind of the package's folder: a bind names its host path in /proc/self/mountinfo.
+        prefix += ["--perms", "0755", "--dir", PACKAGE_MOUNT]
+        for name, fd in sorted(package_fds.items()):
+            prefix += ["--perms", "0444", "--file", str(fd), f"{PACKAGE_MOUNT}/{name}"]
     prefix += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     made.add("/tmp")
     for path in under_tmp:  # over the empty /tmp (bwrap applies its options in order)
         prefix += bind(path)
-    prefix += ["--bind", writable, writable]
     # A small shared-memory tmpfs, for multiprocessing's semaphores; each worker mounts its own over it.
     prefix += ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
     return [*prefix, "--"]
@@ -211,14 +255,11 @@ def _works(kind: str, network: bool) -> str | None:
     """Run ``true`` under the wrapper once per process; None if it works, else the reason it does not."""
     if shutil.which(kind) is None:
         return f"{kind} is not installed"
-    probe_dir = tempfile.mkdtemp(prefix="rstar-probe-")
     try:
-        prefix = _bwrap_prefix(network, probe_dir) if kind == "bwrap" else _unshare_prefix(network)
+        prefix = _bwrap_prefix(network) if kind == "bwrap" else _unshare_prefix(network)
         done = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{kind} failed: {exc}"
-    finally:
-        os.rmdir(probe_dir)
     if done.returncode != 0:
         return f"{kind} failed: {done.stderr.strip() or f'exit status {done.returncode}'}"
     return None

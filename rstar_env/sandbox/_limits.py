@@ -18,6 +18,8 @@ from typing import Any
 from . import _proctree
 
 MIB = 1 << 20
+MAX_PTYS = 16
+"""Pseudo-terminals a worker may hold at once, in its own ``/dev/pts`` (see :func:`private_namespaces`)."""
 
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -145,16 +147,24 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise OSError(errno, f"mount {target}: {os.strerror(errno)}")
 
 
-def private_namespaces(tmp_mb: int, *, network: bool = True, tmp_binds: list[str] | tuple[str, ...] = ()) -> None:
+def private_namespaces(
+    tmp_mb: int,
+    *,
+    network: bool = True,
+    tmp_binds: list[str] | tuple[str, ...] = (),
+    max_ptys: int | None = MAX_PTYS,
+) -> None:
     """Give this process (and what it starts) its own IPC namespace (and, with ``network=False``, its own
-    network namespace with only a loopback interface) and its own, empty ``/tmp``, ``/dev/shm`` and ``/proc``
-    view. Needs CAP_SYS_ADMIN; call before :func:`drop_privileges`. Raises OSError if it cannot.
+    network namespace with only a loopback interface) and its own, empty ``/tmp``, ``/dev/shm``, ``/dev/pts`` and
+    ``/proc`` view. Needs CAP_SYS_ADMIN; call before :func:`drop_privileges`. Raises OSError if it cannot.
 
     Everything here dies with the last process of the worker: SysV segments, message queues, sockets bound on
-    loopback or in the abstract namespace, and files in ``/tmp`` or ``/dev/shm`` cannot outlive the call or reach
-    another one. ``/proc`` is mounted with ``hidepid=invisible``, so the code sees only processes of its own uid
-    (its own, with a private uid). ``tmp_binds``: folders under ``/tmp`` (an interpreter installed there) bound
-    back, read-only, over the new ``/tmp``.
+    loopback or in the abstract namespace, pseudo-terminals, and files in ``/tmp`` or ``/dev/shm`` cannot outlive
+    the call or reach another one. ``/proc`` is mounted with ``hidepid=invisible``, so the code sees only
+    processes of its own uid (its own, with a private uid). ``/dev/pts`` is a new devpts instance holding at most
+    ``max_ptys`` terminals (None: keep the shared one); ``/dev/ptmx`` (bubblewrap's link to ``pts/ptmx``, or the
+    host's device node, which the kernel resolves through the ``pts`` beside it) then opens there. ``tmp_binds``:
+    folders under ``/tmp`` (an interpreter installed there) bound back, read-only, over the new ``/tmp``.
     """
     libc = _proctree._libc
     flags = CLONE_NEWNS | CLONE_NEWIPC | (0 if network else CLONE_NEWNET)
@@ -168,6 +178,9 @@ def private_namespaces(tmp_mb: int, *, network: bool = True, tmp_binds: list[str
     _tmpfs_binding_back("/tmp", options, tmp_binds)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, options)
+    if max_ptys is not None and os.path.isdir("/dev/pts"):
+        pts_options = f"newinstance,ptmxmode=0666,mode=0620,max={max_ptys}"
+        _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, pts_options)
     try:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
     except OSError:

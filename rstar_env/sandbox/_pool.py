@@ -85,6 +85,10 @@ class _Zygote:
     def alive(self) -> bool:
         if self.broken or self.proc.poll() is not None:
             return False
+        if self.pid is not None and _exiting(self.pid):
+            # Dying, but not dead yet: its PID namespace ends only once every process in it has, and a frozen
+            # session (cgroup v1) dies only once thawed, which _stop does.
+            return False
         return self.pidfd is None or not select.select([self.pidfd], [], [], 0)[0]
 
     def close(self) -> None:
@@ -103,6 +107,19 @@ class _Zygote:
     def send_control(self, message: dict[str, Any]) -> None:
         with self.control_lock:
             _protocol.send_message(self.control, message)
+
+
+PF_EXITING = 0x4
+
+
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` is gone or has begun to exit (the kernel's ``PF_EXITING`` flag, in ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return bool(int(fields[6]) & PF_EXITING)
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def _find_zygote(wrapper: int, inner_pid: int | None) -> int | None:
@@ -131,6 +148,10 @@ def _stop(zygote: _Zygote) -> None:
         if zygote.cgroup is not None:
             zygote.cgroup.close_fds()
         return
+    if zygote.cgroup is not None:
+        # A session frozen between calls (cgroup v1) can die only once thawed, and the zygote's exit waits for it
+        # when the zygote died without ending it. Thawed, a session stays stopped until it is killed.
+        zygote.cgroup.thaw()
     try:
         zygote.proc.wait(timeout=2)
     except subprocess.TimeoutExpired:
@@ -265,14 +286,13 @@ class ZygotePool:
         os.chmod(base_dir, 0o711)
         if self.isolation is None:
             self.isolation = _isolation.choose_isolation(self.isolation_mode, network=self.network)
-        prefix = self.isolation.command(writable=base_dir, python=self.python)
         cgroup: _cgroup.PoolCgroup | None = None
         cgroup_missing = None
         try:
             cgroup = _cgroup.PoolCgroup.create(self.pool_memory_mb)
         except OSError as exc:
             cgroup_missing = str(exc)
-        env = _spawn.clean_env(self.extra_env)
+        env = self.isolation.environment(_spawn.clean_env(self.extra_env), self.python)
         ours, theirs = socket.socketpair()
         dispatch, dispatch_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {
@@ -281,7 +301,7 @@ class ZygotePool:
             "warmup": self.warmup,
             "limits": self.limits.to_dict(),
             "env": env,
-            "base_dir": base_dir,
+            "base_dir": self.isolation.pool_dir(base_dir),
             "uid_base": self._uid_base,
             "uid_count": UID_RANGE,
             "spares": self.spares,
@@ -298,13 +318,26 @@ class ZygotePool:
             "shared_dirs": ["/dev/shm"] if self.isolation.readonly_root else ["/dev/shm", "/tmp", "/var/tmp"],
         }
         package_dir = self.isolation.package_dir(_spawn.PACKAGE_DIR)
-        argv = [*prefix, *_spawn.python_argv("_zygote", "main", theirs.fileno(), config, self.python, package_dir)]
+        # Under bubblewrap the zygote gets copies of its modules, read from these (closed once it started).
+        package_fds: dict[str, int] = {}
+        if self.isolation.kind == "bwrap":
+            for module in _spawn.SANDBOX_MODULES:
+                path = os.path.join(_spawn.PACKAGE_DIR, f"{module}.py")
+                package_fds[f"{module}.py"] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        prefix = self.isolation.command(python=self.python, package_fds=package_fds)
+        # The configuration goes on the control socket, not the command line: workers can read that.
+        argv = [*prefix, *_spawn.python_argv("_zygote", "main", theirs.fileno(), None, self.python, package_dir)]
         # The zygote's own output goes to an unnamed file: read only to explain a failed start.
         with tempfile.TemporaryFile(prefix="rstar-zygote-", suffix=".log") as log:
             try:
                 proc = subprocess.Popen(
                     argv,
-                    pass_fds=[theirs.fileno(), dispatch_theirs.fileno(), *(cgroup.fds.values() if cgroup else ())],
+                    pass_fds=[
+                        theirs.fileno(),
+                        dispatch_theirs.fileno(),
+                        *(cgroup.fds.values() if cgroup else ()),
+                        *package_fds.values(),
+                    ],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
@@ -320,8 +353,11 @@ class ZygotePool:
             finally:
                 theirs.close()
                 dispatch_theirs.close()
+                for fd in package_fds.values():
+                    os.close(fd)
             try:
                 ours.settimeout(self.start_timeout_s)
+                _protocol.send_message(ours, config)
                 received = _protocol.recv_message(ours)
                 ours.settimeout(None)
             except (OSError, _protocol.ProtocolError):

@@ -6,6 +6,15 @@ one sandbox from any loop, from several loops in turn (every ``asyncio.run``), a
 backend's own work runs on one loop that it owns, started on first use, and each public coroutine only hands its
 work over (``run_coroutine_threadsafe``) and awaits the answer with ``asyncio.wrap_future``, which works on any
 loop and forwards a caller's cancellation to the private task.
+
+Why a loop of its own and not the runtime's background loop (:mod:`rstar_env.aio`), which is also one loop on a
+daemon thread: plugin calls run on that loop, and an ``async`` plugin that blocks it would freeze what a remote
+backend must keep doing on time (E2B's keep-alive refreshes before VMs expire, ray's batch window and call
+deadlines), so one bad plugin would turn into lost VMs and timed-out calls in every env. And the private loop's
+lifetime is the sandbox's: ``aclose`` stops it, which cancels every task the backend left behind, a clean-up a loop
+shared with envs could not do. The loop thread comes from the runtime
+(:meth:`~rstar_env.runtime.Runtime.private_loop`, the same :class:`~rstar_env.runtime.LoopThread` as the
+background loop), which marks it as the parent's in a forked child, so a stray use there fails instead of hanging.
 """
 
 from __future__ import annotations
@@ -16,71 +25,12 @@ import concurrent.futures
 import contextlib
 import os
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
 
+from ..runtime import runtime
 from . import ExecResult, SandboxError
-
-T = TypeVar("T")
 
 STOP_GRACE_S = 10.0
 """How long ``aclose`` waits for a backend's own shutdown (killing VMs, actors) before abandoning its loop."""
-
-
-class LoopThread:
-    """One event loop running forever on a daemon thread, started lazily and stopped once."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                started = threading.Event()
-
-                def run() -> None:
-                    asyncio.set_event_loop(loop)
-                    loop.call_soon(started.set)
-                    loop.run_forever()
-                    # Cancel what is left (background refreshers, fire-and-forget clean-ups), then close.
-                    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-                    for task in pending:
-                        task.cancel()
-                    with contextlib.suppress(Exception):
-                        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                    loop.close()
-
-                self._thread = threading.Thread(target=run, name=self.name, daemon=True)
-                self._thread.start()
-                started.wait()
-                self._loop = loop
-            return self._loop
-
-    def in_loop(self) -> bool:
-        """True when called from the private loop's own thread."""
-        return self._thread is not None and threading.current_thread() is self._thread
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop())
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the private loop and await it from the caller's loop (whichever it is)."""
-        if self.in_loop():  # already on the private loop (a backend calling itself): no hop
-            return await coro
-        return await asyncio.wrap_future(self.submit(coro))
-
-    def stop(self) -> None:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-        if loop is None or thread is None or loop.is_closed():
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if threading.current_thread() is not thread:
-            thread.join(timeout=STOP_GRACE_S)
 
 
 class LoopSandbox(abc.ABC):
@@ -97,7 +47,7 @@ class LoopSandbox(abc.ABC):
             raise ValueError("max_output_bytes must be positive")
         self.timeout_s = float(timeout_s)
         self.max_output_bytes = int(max_output_bytes)
-        self._runner = LoopThread(f"rstar-{type(self).__name__}")
+        self._runner = runtime().private_loop(f"rstar-{type(self).__name__}")
         self._state_lock = threading.Lock()
         self._started: concurrent.futures.Future[None] | None = None
         self._closed = False
@@ -169,7 +119,7 @@ class LoopSandbox(abc.ABC):
         if started is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.wrap_future(self._runner.submit(self._shutdown())), STOP_GRACE_S)
-        await asyncio.to_thread(self._runner.stop)
+        await asyncio.to_thread(self._runner.stop, STOP_GRACE_S)
 
     async def __aenter__(self) -> LoopSandbox:
         await self._ensure_started()

@@ -17,7 +17,17 @@ the worker's namespaces, or a channel to other episodes:
 * the kernel and the machine: ``kexec_load``, ``kexec_file_load``, ``init_module``, ``finit_module``,
   ``delete_module``, ``reboot``, ``swapon``, ``swapoff``, ``acct``, ``quotactl``, ``syslog``, ``iopl``,
   ``ioperm``, ``open_by_handle_at``, ``lookup_dcookie``, ``uselib``, ``personality`` (it can turn off address
-  space randomisation).
+  space randomisation);
+* notifications about files, which concurrent workers would see on the files they share (the interpreter, the
+  standard library): ``inotify_init``, ``inotify_init1``, ``inotify_add_watch``, ``fanotify_init``,
+  ``fanotify_mark``, and ``fcntl`` with ``F_NOTIFY`` (dnotify) or ``F_SETLEASE``.
+
+File locks are a channel on shared files too (one worker holds a lock on ``__future__.py``, another tests it), but
+ordinary code needs them to succeed (``sqlite3`` locks its database): ``flock`` and ``fcntl``'s ``F_SETLK``,
+``F_SETLKW``, ``F_OFD_SETLK`` and ``F_OFD_SETLKW`` return success without taking a lock. No sandboxed process
+then holds a lock anywhere, so testing one (``F_GETLK``, a non-blocking ``flock``) always finds the file free;
+the price is that a worker's own processes do not exclude each other through locks (two processes writing one
+SQLite file at once could corrupt it; one process is safe, SQLite also locks within a process).
 
 System calls of another architecture (32-bit calls from a 64-bit process) kill the process: the filter could
 not read their numbers.
@@ -96,8 +106,20 @@ REFUSED = (
     "lookup_dcookie",
     "uselib",
     "personality",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
 )
 """Refused outright with ``EPERM`` (names this architecture lacks are skipped)."""
+
+F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW = 6, 7, 37, 38
+F_SETLEASE, F_NOTIFY = 1024, 1026
+LOCK_COMMANDS = (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW)
+"""``fcntl`` commands that take a lock: they succeed without taking it (see the module docstring)."""
+REFUSED_FCNTL = (F_SETLEASE, F_NOTIFY)
+"""``fcntl`` commands refused with ``EPERM``: a lease or a directory notification tells of other workers' opens."""
 
 
 def build() -> CompiledFilter:
@@ -116,6 +138,17 @@ def build() -> CompiledFilter:
         rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     for flag in (*NAMESPACE_FLAGS, CLONE_NEWTIME):
         rules.add_rule(refuse, "unshare", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    # Locks succeed without being taken ("errno 0" skips the call and returns 0): no worker ever holds one.
+    pretend = seccomp.ERRNO(0)
+    rules.add_rule(pretend, "flock")
+    for name in ("fcntl", "fcntl64"):  # fcntl64: 32-bit architectures only
+        try:
+            for command in LOCK_COMMANDS:
+                rules.add_rule(pretend, name, seccomp.Arg(1, seccomp.EQ, command))
+            for command in REFUSED_FCNTL:
+                rules.add_rule(refuse, name, seccomp.Arg(1, seccomp.EQ, command))
+        except (ValueError, OSError, RuntimeError):
+            continue
     # clone3 passes its flags in memory the filter cannot read: ENOSYS makes the C library fall back to clone.
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     # Compiled once here; each worker loads the program with one prctl (libseccomp would recompile it per load).

@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+SANDBOX_MODULES = ("_zygote", "_worker", "_protocol", "_limits", "_proctree", "_cgroup", "_seccomp", "_hugepages")
+"""The modules of this directory that the zygote and its workers load (stdlib only). Under bubblewrap, copies of
+these files are all the sandbox holds of the package (:func:`._isolation.Isolation.command`)."""
 
 THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -33,7 +36,7 @@ _BOOT = """\
 import json, sys, types
 pkg = types.ModuleType("_rstar_sandbox"); pkg.__path__ = [{dir!r}]; sys.modules["_rstar_sandbox"] = pkg
 from _rstar_sandbox import {module} as m
-m.{function}(int(sys.argv[1]), json.loads(sys.argv[2]))
+m.{function}(int(sys.argv[1]){config})
 """
 
 
@@ -55,11 +58,18 @@ def python_argv(
     module: str,
     function: str,
     fd: int,
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | None,
     python: str | None = None,
     package_dir: str = PACKAGE_DIR,
 ) -> list[str]:
     """``python -c`` command line that runs ``_rstar_sandbox.<module>.<function>(fd, config)``; ``package_dir`` is
-    where this directory is seen by the new interpreter (bubblewrap binds it elsewhere)."""
-    boot = _BOOT.format(dir=package_dir, module=module, function=function)
-    return [python or sys.executable, "-c", boot, str(fd), json.dumps(config)]
+    where this directory is seen by the new interpreter (bubblewrap puts it elsewhere).
+
+    ``config=None`` runs ``<function>(fd)``, which reads its configuration from ``fd`` instead: the ``local``
+    pool's workers are forks of that interpreter and can read its command line (``/proc/self/cmdline``), which
+    must then say nothing of the host (the pool's folder, its uids, the caller's ``PATH``).
+    """
+    config_arg = ", json.loads(sys.argv[2])" if config is not None else ""
+    boot = _BOOT.format(dir=package_dir, module=module, function=function, config=config_arg)
+    argv = [python or sys.executable, "-c", boot, str(fd)]
+    return [*argv, json.dumps(config)] if config is not None else argv

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import errno
 import io
 import json
 import linecache
@@ -167,15 +168,17 @@ def prepare(
     expose_paths: list[str] | None = None,
     network: bool = True,
     tmp_binds: list[str] | None = None,
+    max_ptys: int | None = _limits.MAX_PTYS,
     syscall_filter: Any = None,
 ) -> None:
     """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
 
     Makes it a subreaper (so daemons it starts stay in its tree), gives it its own session, its own IPC namespace
-    and empty ``/tmp``, ``/dev/shm`` and ``/proc`` view (``private_mounts``), a private working directory, a clean
-    environment and its limits, and finally drops every capability (and changes to its private uid, when the pool
-    runs as root). ``expose_paths``: see :func:`._limits.expose_interpreter` (``isolation="none"`` only).
-    ``network=False`` adds a network namespace of its own; ``tmp_binds`` are bound back over its ``/tmp`` (see
+    and empty ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc`` view (``private_mounts``), a private working
+    directory, a clean environment and its limits, and finally drops every capability (and changes to its private
+    uid, when the pool runs as root). ``expose_paths``: see :func:`._limits.expose_interpreter`
+    (``isolation="none"`` only). ``network=False`` adds a network namespace of its own; ``tmp_binds`` are bound
+    back over its ``/tmp``; ``max_ptys`` bounds its own ``/dev/pts`` (None: the pool's, shared; see
     :func:`._limits.private_namespaces`). ``syscall_filter`` (:func:`._seccomp.build`) is loaded last, once the
     worker needs no refused call any more.
     """
@@ -183,7 +186,7 @@ def prepare(
     with contextlib.suppress(OSError):
         os.setsid()
     if private_mounts:
-        _limits.private_namespaces(limits.tmp_mb, network=network, tmp_binds=tmp_binds or ())
+        _limits.private_namespaces(limits.tmp_mb, network=network, tmp_binds=tmp_binds or (), max_ptys=max_ptys)
         if expose_paths:
             _limits.expose_interpreter(expose_paths)
     os.mkdir(workdir, 0o700)
@@ -220,26 +223,59 @@ def _reseed() -> None:
             numpy.random.seed(numpy.frombuffer(os.urandom(16), dtype=numpy.uint32))
 
 
+def _read_body(fd: int) -> dict[str, Any]:
+    """The code and stdin of a request, from the memfd the caller wrote (see :func:`._client.request_body`)."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    body = json.loads(b"".join(chunks))
+    return body if isinstance(body, dict) else {}
+
+
 def _run_request(
-    request: dict[str, Any], out_fd: int, err_fd: int, namespace: dict[str, Any], cells: int, *, final: bool
+    request: dict[str, Any], fds: list[int], namespace: dict[str, Any], cells: int, *, final: bool
 ) -> tuple[str, str | None]:
-    """Run one ``exec`` request with its output pipes; everything the cell started is dead when this returns."""
+    """Run one ``exec`` request (``fds``: the memfd with its code and stdin, the two output pipes); everything the
+    cell started is dead when this returns."""
+    body_fd, out_fd, err_fd = fds
+    try:
+        body = _read_body(body_fd)
+    finally:
+        os.close(body_fd)
     _limits.set_cpu_budget(float(request.get("cpu_s", 10.0)), final=final)
-    _install_stdio(str(request.get("stdin", "")), out_fd, err_fd)
+    _install_stdio(str(body.get("stdin", "")), out_fd, err_fd)
     filename = "<cell>" if cells == 1 else f"<cell-{cells}>"
     try:
-        status, error = run_cell(str(request.get("code", "")), namespace, filename)
+        status, error = run_cell(str(body.get("code", "")), namespace, filename)
     finally:
         _release_stdio()
     _proctree.end_descendants()
     return status, error
 
 
+def _report(status: str, error: str | None) -> int:
+    """A memfd holding ``{"status", "error"}``: the zygote passes it to the caller unread (see :mod:`._zygote`)."""
+    try:
+        fd = os.memfd_create("report", os.MFD_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        os.close(0)  # /dev/null since the call ended: room for the report when the cell left every descriptor open
+        fd = os.memfd_create("report", os.MFD_CLOEXEC)
+    view = memoryview(json.dumps({"status": status, "error": error}).encode())
+    while view:
+        view = view[os.write(fd, view) :]
+    return fd
+
+
 def serve(chan_fd: int, *, once: bool) -> NoReturn:
     """``subprocess`` backend: answer ``exec`` requests on ``chan_fd`` until end of stream (or after one); exit.
 
-    Request: ``{"op": "exec", "token", "code", "stdin", "cpu_s"}`` with the stdout and stderr pipes attached.
-    Reply: ``{"op": "result", "token", "status", "error"}``, sent only after the call's own processes are gone.
+    Request: ``{"op": "exec", "token", "cpu_s"}`` with a memfd holding ``{"code", "stdin"}`` and the stdout and
+    stderr pipes attached. Reply: ``{"op": "result", "token", "status", "error"}``, sent only after the call's own
+    processes are gone.
     """
     chan = socket.socket(fileno=chan_fd)
     namespace = _fresh_main()
@@ -255,11 +291,11 @@ def serve(chan_fd: int, *, once: bool) -> NoReturn:
             os._exit(0)
         request, fds = received
         cells += 1
-        if request.get("op") != "exec" or len(fds) != 2:
+        if request.get("op") != "exec" or len(fds) != 3:
             for fd in fds:
                 os.close(fd)
             continue
-        status, error = _run_request(request, fds[0], fds[1], namespace, cells, final=once)
+        status, error = _run_request(request, fds, namespace, cells, final=once)
         reply = {"op": "result", "token": request.get("token"), "status": status, "error": error}
         try:
             _protocol.send_message(chan, reply)
@@ -272,11 +308,12 @@ def serve(chan_fd: int, *, once: bool) -> NoReturn:
 def serve_supervised(link_fd: int, *, once: bool) -> NoReturn:
     """``local`` pool: run the ``exec`` requests the zygote forwards on ``link_fd`` (a ``SOCK_SEQPACKET`` socket).
 
-    Request: ``{"op": "exec", "cpu_s"}`` with a memfd holding ``{"code", "stdin"}`` and the two output pipes.
-    After each call the worker writes ``{"op": "done", "status", "error"}`` and stops itself with SIGSTOP: the
-    zygote trusts the report only once the worker is stopped (or dead), so a fake report written by the cell ends
-    nothing early. A one-call worker is then killed by the zygote (stopping rather than exiting keeps the teardown
-    of its namespaces off the call's latency); a session worker waits, stopped, for the next request.
+    Request: ``{"op": "exec", "cpu_s"}`` with the caller's memfd holding ``{"code", "stdin"}`` and the two output
+    pipes, passed on by the zygote unread. After each call the worker writes ``{"op": "done"}`` with a memfd
+    holding its report (``{"status", "error"}``, for the caller: the zygote never reads it) and stops itself with
+    SIGSTOP: the zygote passes the report on only once the worker is stopped (or dead), so a fake report written by
+    the cell ends nothing early. A one-call worker is then killed by the zygote (stopping rather than exiting keeps
+    the teardown of its namespaces off the call's latency); a session worker waits, stopped, for the next request.
     """
     link = socket.socket(fileno=link_fd)
     namespace = _fresh_main()
@@ -295,12 +332,14 @@ def serve_supervised(link_fd: int, *, once: bool) -> NoReturn:
             for fd in fds:
                 os.close(fd)
             continue
-        with open(fds[0], "rb") as body:
-            request.update(json.loads(body.read()))
         cells += 1
-        status, error = _run_request(request, fds[1], fds[2], namespace, cells, final=once)
+        status, error = _run_request(request, fds, namespace, cells, final=once)
         try:
-            _protocol.send_datagram(link, {"op": "done", "status": status, "error": error})
+            report = _report(status, error)
+            try:
+                _protocol.send_datagram(link, {"op": "done"}, [report])
+            finally:
+                os.close(report)
         except OSError:
             os._exit(0)
         os.kill(os.getpid(), signal.SIGSTOP)

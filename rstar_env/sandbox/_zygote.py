@@ -11,14 +11,19 @@ with a fresh channel socket attached to the shared *dispatch* socket (``SOCK_SEQ
 idle receives it, hands the channel to the zygote over its private *link* (``{"op": "assigned", "call"}``) and
 keeps no copy of it. From then on the channel joins the caller and the zygote only:
 
-* caller -> zygote: ``{"op": "exec", "token", "code", "stdin", "cpu_s"}`` with the stdout and stderr pipes. The
-  zygote forwards it on the link (the code and stdin in a memfd) and continues the worker if it is stopped.
-* zygote -> caller: ``{"op": "started"}`` when a worker took the call; ``{"op": "result", "token", "status",
-  "error"}`` when a session call is over; ``{"op": "exit", "status", "token", "result", "reason"}`` when the worker
-  is gone (``result``: its report of the call, if it made one; ``reason``: why the zygote ended it, if it did).
+* caller -> zygote: ``{"op": "exec", "token", "cpu_s"}`` with a memfd holding the code and stdin and the stdout
+  and stderr pipes. The zygote forwards the descriptors on the link and continues the worker if it is stopped.
+* zygote -> caller: ``{"op": "started"}`` when a worker took the call; ``{"op": "result", "token"}`` with the
+  worker's report attached when a call is over; ``{"op": "exit", "status", "token", "reason"}`` when the worker is
+  gone (its report attached, if it made one the zygote had not passed on; ``reason``: why the zygote ended it).
 
-The worker runs the cell, kills what it started, reports ``{"op": "done", "status", "error"}`` on the link and
-stops itself with SIGSTOP. The zygote takes the report as the call's end only when the worker is stopped with no
+Nothing a call sends or returns is ever read here: every later spare is a fork of this process's memory, and freed
+buffers would carry one episode's code, stdin or error message into the next. The caller writes the code and stdin
+into a memfd and the worker reads it; the worker writes its report (``{"status", "error"}``) into a memfd of its
+own and the caller reads it; output goes on pipes between the two. The zygote passes the descriptors on.
+
+The worker runs the cell, kills what it started, reports ``{"op": "done"}`` (with its report's memfd) on the link
+and stops itself with SIGSTOP. The zygote takes the report as the call's end only when the worker is stopped with no
 process left below it (it kills any) and, in a session, one thread; then it replies, and kills a one-call
 worker. Code that writes a fake report and goes on running gains nothing: the call ends at its deadline, and every
 process it started dies with it. A second report, an oversized or malformed one, a stopped worker that is running
@@ -26,9 +31,10 @@ again, or threads still alive in a stopped session end the worker (``reason``). 
 also adds up the CPU time of the worker's whole process tree and ends it past the call's ``cpu_s`` (RLIMIT_CPU
 counts each process on its own, and each child of a fork starts from zero).
 
-Control socket (caller -> zygote), framed by :mod:`._protocol`: ``{"op": "kill", "call": id}`` kills that
-worker's whole process tree now; end of stream kills everything and exits. The zygote writes one message on it,
-``{"op": "ready", ...}``, when its imports are done.
+Control socket (caller -> zygote), framed by :mod:`._protocol`: first the zygote's configuration (see
+:class:`Zygote`), then ``{"op": "kill", "call": id}`` kills that worker's whole process tree now; end of stream
+kills everything and exits. The zygote writes one message on it, ``{"op": "ready", ...}``, when its imports are
+done.
 """
 
 from __future__ import annotations
@@ -38,7 +44,6 @@ import contextlib
 import gc
 import heapq
 import importlib
-import json
 import os
 import secrets
 import select
@@ -60,11 +65,15 @@ SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
 CPU_CHECK_S = 0.1
 """How often the CPU time of running calls' process trees is added up (only for calls running this long)."""
-MAX_REQUEST_BYTES = 1 << 28
-"""Largest request a caller may send (code and stdin)."""
+MAX_REQUEST_BYTES = 4096
+"""Largest request a caller may send (its code and stdin travel in a memfd, not in the message)."""
 MAX_REPORT_BYTES = 4096
-"""Largest report a worker may write on its link; the error summary is cut to 300 characters."""
+"""Largest message a worker may write on its link (its report of a call travels in a memfd)."""
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_NO_FREEZER = (
+    ": a session stopped between calls that a timer or signal of its own resumes is ended (its state is lost); "
+    "mount the cgroup v1 freezer controller, or use cgroup v2"
+)
 _NO_CGROUP = (
     ": memory_mb bounds each process's address space, not the worker's tree (memfds, shared memory and its /tmp "
     "are not counted), processes are bounded per uid, and a child made with CLONE_PARENT leaves the worker's tree"
@@ -86,10 +95,15 @@ class _Worker:
     token: Any = None
     running: bool = False
     """A request was forwarded and its end not reported yet."""
-    report: dict[str, Any] | None = None
+    reported: bool = False
+    """The worker reported the current call's end."""
+    report_fd: int | None = None
+    """The memfd holding its report, for the caller (never read here); None once passed on."""
     stopped: bool = False
+    frozen: bool = False
+    """A session between calls, its cgroup frozen: nothing of it runs, whatever signal it gets."""
     reason: str | None = None
-    """Why the zygote ended the worker: ``tamper``, ``threads`` or ``cpu``."""
+    """Why the zygote ended the worker: ``tamper``, ``threads``, ``cpu`` or ``continued``."""
     cpu_s: float = 0.0
     cpu_base: float = 0.0
     since: float = 0.0
@@ -129,6 +143,10 @@ class Zygote:
         self.env: dict[str, str] = dict(config["env"])
         self.limits = _limits.Limits(**config["limits"])
         self.base_dir: str = config["base_dir"]
+        if not os.path.isdir(self.base_dir):  # under bubblewrap: in the pool's own /tmp (no host folder is bound)
+            with contextlib.suppress(OSError):
+                os.makedirs(self.base_dir)
+                os.chmod(self.base_dir, 0o711)  # workers may enter their own folder (random name), not list others
         self.workers: dict[int, _Worker] = {}
         self.by_call: dict[int, int] = {}
         self.idle: set[int] = set()
@@ -159,6 +177,7 @@ class Zygote:
         self.uid_count = int(config.get("uid_count", 65536))
         self.network = bool(config.get("network", True))
         self.tmp_binds: list[str] = list(config.get("tmp_binds", []))
+        self.max_ptys: int | None = _limits.MAX_PTYS
         self.cgroups: _cgroup.WorkerCgroups | None = None
         self.doomed_cgroups: set[str] = set()
         """Cgroups of dead workers not removed yet (a process in them was still exiting)."""
@@ -168,6 +187,13 @@ class Zygote:
             self.cgroups = _cgroup.WorkerCgroups(config["cgroup"], self.limits.memory_mb, self.limits.max_processes)
             probe_name = f"probe{secrets.token_hex(4)}"
             error = _probe(lambda: self.cgroups.enter(probe_name))  # type: ignore[union-attr]
+            if error is None:
+                try:
+                    self.cgroups.freeze(probe_name)
+                    self.cgroups.thaw(probe_name)
+                except OSError as exc:
+                    self.cgroups.freezer_fd = None
+                    self.notes.append(f"no cgroup freezer ({exc}){_NO_FREEZER}")
             self.cgroups.remove(probe_name)
             if error is not None:
                 self.notes.append(f"no cgroup per worker ({error}){_NO_CGROUP}")
@@ -197,10 +223,22 @@ class Zygote:
 
         def namespaces(tmp_mb: int | None = None) -> None:
             _limits.private_namespaces(
-                self.limits.tmp_mb if tmp_mb is None else tmp_mb, network=self.network, tmp_binds=self.tmp_binds
+                self.limits.tmp_mb if tmp_mb is None else tmp_mb,
+                network=self.network,
+                tmp_binds=self.tmp_binds,
+                max_ptys=self.max_ptys,
             )
 
         ns_error = _probe(namespaces)
+        if ns_error is not None:
+            pts_error, self.max_ptys = ns_error, None
+            ns_error = _probe(namespaces)
+            if ns_error is None:
+                self.notes.append(
+                    f"no /dev/pts per worker ({pts_error}): concurrent calls see each other's pseudo-terminals"
+                )
+            else:
+                self.max_ptys = _limits.MAX_PTYS
         if ns_error is not None and not self.network:
             net_error, self.network = ns_error, True
             ns_error = _probe(namespaces)
@@ -351,10 +389,21 @@ class Zygote:
     def kill_worker(self, pid: int) -> None:
         """Kill the worker's process tree and everything else in its cgroup (``CLONE_PARENT`` children, whose
         parent is the zygote, and anything that left the tree)."""
-        _proctree.kill_tree(pid)
         worker = self.workers.get(pid)
+        if worker is not None and worker.frozen:
+            # A frozen process dies only once thawed; killed first, it runs nothing of its own on waking.
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            self.thaw(worker)
+        _proctree.kill_tree(pid)
         if worker is not None and self.cgroups is not None:
             self.cgroups.kill(worker.cgroup)
+
+    def thaw(self, worker: _Worker) -> None:
+        if self.cgroups is not None:
+            with contextlib.suppress(OSError):
+                self.cgroups.thaw(worker.cgroup)
+        worker.frozen = False
 
     # ------------------------------------------------------------------------------------------------ spares
 
@@ -409,6 +458,7 @@ class Zygote:
                 expose_paths=self.expose_paths,
                 network=self.network,
                 tmp_binds=self.tmp_binds,
+                max_ptys=self.max_ptys,
                 syscall_filter=self.syscall_filter,
             )
             _proctree.die_with_parent(self.pid)  # after prepare: a uid change clears the death signal
@@ -452,12 +502,12 @@ class Zygote:
         if worker.call is None:
             self.take_assignment(pid, worker, message, fds)
             return
-        for fd in fds:
-            os.close(fd)
-        if message.get("op") != "done" or not worker.running or worker.report is not None:
+        if message.get("op") != "done" or len(fds) != 1 or not worker.running or worker.reported:
+            for fd in fds:
+                os.close(fd)
             self.end(pid, "tamper")  # a report nobody asked for, or a second one: the cell wrote it
             return
-        worker.report = {"status": message.get("status"), "error": message.get("error")}
+        worker.reported, worker.report_fd = True, fds[0]  # for the caller, unread (see the module docstring)
         self.finish_call(pid, worker)
 
     def take_assignment(self, pid: int, worker: _Worker, message: dict[str, Any], fds: list[int]) -> None:
@@ -498,30 +548,29 @@ class Zygote:
                 self.kill_worker(pid)
             return
         request, fds = received
-        if request.get("op") != "exec" or len(fds) != 2 or worker.running or worker.link is None:
+        if request.get("op") != "exec" or len(fds) != 3 or worker.running or worker.link is None:
             for fd in fds:
                 os.close(fd)
             self.kill_worker(pid)
             return
-        body = json.dumps({"code": request.get("code", ""), "stdin": request.get("stdin", "")}).encode()
-        memfd = os.memfd_create("request", os.MFD_CLOEXEC)
         try:
-            _write_all(memfd, body)
-            os.lseek(memfd, 0, os.SEEK_SET)
+            # The descriptors (the memfd with the code and stdin, the output pipes) go on unread.
             cpu_s = float(request.get("cpu_s", 10.0))
-            _protocol.send_datagram(worker.link, {"op": "exec", "cpu_s": cpu_s}, [memfd, *fds])
-        except OSError:
+            _protocol.send_datagram(worker.link, {"op": "exec", "cpu_s": cpu_s}, fds)
+        except (OSError, TypeError, ValueError):
             self.kill_worker(pid)
             return
         finally:
-            os.close(memfd)
             for fd in fds:
                 os.close(fd)
-        worker.token, worker.running, worker.report = request.get("token"), True, None
+        self.drop_report(worker)
+        worker.token, worker.running, worker.reported = request.get("token"), True, False
         worker.cpu_s, worker.since = cpu_s, time.monotonic()
         # A session's worker carries the CPU time of its earlier calls, a reused cgroup that of earlier workers; a
         # fresh process tree only its few ms of setup.
         worker.cpu_base = self.cpu_used(pid, worker) if worker.session or self.cgroups is not None else 0.0
+        if worker.frozen:
+            self.thaw(worker)
         if worker.stopped:  # a session between calls: let it read the request
             worker.stopped = False
             os.kill(pid, signal.SIGCONT)
@@ -531,7 +580,7 @@ class Zygote:
 
         A one-call worker is killed right after; a session worker stays stopped until its next request.
         """
-        if not (worker.running and worker.report is not None and worker.stopped):
+        if not (worker.running and worker.reported and worker.stopped):
             return
         # Stopped, the worker cannot fork; kill whatever is left of its call (a cell that faked its report). Its
         # cgroup holds every process it started, below it or not (CLONE_PARENT), and none can leave it.
@@ -557,8 +606,20 @@ class Zygote:
             self.end(pid, "tamper")  # something continued it behind our back
             return
         worker.running = False
+        unfrozen = False
+        if worker.session and self.cgroups is not None and self.cgroups.freezer_fd is not None:
+            # Stopped is not enough: a signal the session arranged (a timer sending SIGCONT) would resume it.
+            try:
+                self.cgroups.freeze(worker.cgroup)
+                worker.frozen = True
+            except OSError:
+                unfrozen = True
         if worker.chan is not None:
-            _send_nowait(worker.chan, {"op": "result", "token": worker.token, **worker.report})
+            _send_nowait(worker.chan, {"op": "result", "token": worker.token}, self.take_report(worker))
+        self.drop_report(worker)
+        if unfrozen:
+            self.end(pid, "continued")  # nothing would keep it from running until its next call
+            return
         if not worker.session:
             # Stopped, with nothing below it: a plain kill ends it, and nothing of its uid is left to hunt down.
             worker.finished = True
@@ -584,7 +645,7 @@ class Zygote:
     def reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
+                pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED | os.WCONTINUED)
             except ChildProcessError:
                 self.remove_cgroups()
                 return
@@ -594,9 +655,16 @@ class Zygote:
             worker = self.workers.get(pid)
             if worker is None:
                 continue
+            if os.WIFCONTINUED(status):
+                worker.stopped = False
+                if worker.session and not worker.running and not worker.frozen and worker.call is not None:
+                    # A session between calls, resumed behind our back (its own timer sending SIGCONT): it would
+                    # run for free until its next call. Frozen, it could not; here nothing can stop it but this.
+                    self.end(pid, "continued")
+                continue
             if os.WIFSTOPPED(status):
                 worker.stopped = True
-                if worker.running and worker.report is None:
+                if worker.running and not worker.reported:
                     self.handle_link(pid)  # the report is queued before the stop: read it now
                 self.finish_call(pid, worker)
                 continue
@@ -605,7 +673,7 @@ class Zygote:
     def _finish(self, pid: int, worker: _Worker, status: int) -> None:
         clean_exit = worker.finished or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
         if worker.link is not None:
-            if worker.call is None or (worker.running and worker.report is None):
+            if worker.call is None or (worker.running and not worker.reported):
                 self.handle_link(pid)  # it may have taken a call, or reported one, just before dying
             worker = self.workers[pid]
             if worker.link is not None:
@@ -629,6 +697,8 @@ class Zygote:
             self.sweep_strays()
         if worker.uid is not None and not clean_exit:
             _proctree.kill_uid(worker.uid)
+        if worker.frozen:
+            self.thaw(worker)  # died frozen (the OOM killer): the cgroup may be used again
         if self.cgroups is not None:
             emptied = self.cgroups.kill(worker.cgroup)
             if emptied and not died_unasked and len(self.free_cgroups) < 2 * self.spare_target:
@@ -643,18 +713,26 @@ class Zygote:
             self.uids.release(worker.uid)
         if worker.chan is not None:
             # Every process of the worker is dead by now: only then does the caller learn the call is over.
-            exit_message = {
-                "op": "exit",
-                "status": status,
-                "token": worker.token,
-                "result": worker.report if worker.running else None,
-                "reason": worker.reason,
-            }
+            exit_message = {"op": "exit", "status": status, "token": worker.token, "reason": worker.reason}
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(worker.chan)
-            _send_nowait(worker.chan, exit_message)
+            _send_nowait(worker.chan, exit_message, self.take_report(worker) if worker.running else [])
             worker.chan.close()
+        self.drop_report(worker)
         self.remove_cgroups()
+
+    @staticmethod
+    def take_report(worker: _Worker) -> list[int]:
+        """The worker's report memfd to attach to a message (empty if it made none)."""
+        return [worker.report_fd] if worker.report_fd is not None else []
+
+    @staticmethod
+    def drop_report(worker: _Worker) -> None:
+        """Close our copy of the worker's report memfd (passed on already, or no longer wanted)."""
+        if worker.report_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(worker.report_fd)
+            worker.report_fd = None
 
     def remove_cgroups(self) -> None:
         """Remove the cgroups of dead workers (one whose last process is still exiting waits for a later turn)."""
@@ -698,16 +776,10 @@ class Zygote:
         os._exit(0)
 
 
-def _send_nowait(sock: socket.socket, message: dict[str, Any]) -> None:
+def _send_nowait(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     # Never block the pool on one channel: a caller that stopped reading must not stall every other call.
     with contextlib.suppress(OSError):
-        _protocol.send_message(sock, message, nowait=True)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+        _protocol.send_message(sock, message, fds or (), nowait=True)
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -801,7 +873,14 @@ def _remove_tree(path: str) -> None:
         shutil.rmtree(path, onerror=make_writable)
 
 
-def main(control_fd: int, config: dict[str, Any]) -> NoReturn:
-    """Entry point (see :func:`._spawn.python_argv`)."""
+def main(control_fd: int) -> NoReturn:
+    """Entry point (see :func:`._spawn.python_argv`): the configuration is the first message on the control socket
+    (never the command line, which every worker can read)."""
     control = socket.socket(fileno=control_fd)
+    received = _protocol.recv_message(control)
+    if received is None:
+        os._exit(0)  # the pool gave up before sending it
+    config, fds = received
+    for fd in fds:
+        os.close(fd)
     Zygote(control, config).run()

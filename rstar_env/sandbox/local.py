@@ -9,10 +9,12 @@ How a call runs::
 
 * The zygote is a clean interpreter (``python -c``), started once per sandbox under bubblewrap or ``unshare``
   (:mod:`._isolation`), so ``fork`` is safe and the pool's namespaces cost nothing per call. Spares are prepared
-  ahead (own cgroup, own IPC and network namespaces, own empty ``/tmp`` and ``/dev/shm``, own uid, no
-  capabilities, a seccomp filter); see ``docs/security.md``.
+  ahead (own cgroup, own IPC and network namespaces, own empty ``/tmp``, ``/dev/shm`` and ``/dev/pts``, own uid,
+  no capabilities, a seccomp filter); see ``docs/security.md``.
 * Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``,
-  stopped (SIGSTOP) between calls so nothing of it runs while it is not called.
+  stopped (SIGSTOP) and frozen (cgroup freezer) between calls so nothing of it runs while it is not called.
+* No call's code, stdin, report or output is ever read by the zygote (whose memory every later worker is a fork
+  of): they travel between the caller and the worker in memfds and pipes that the zygote passes on unread.
 * The zygote, not the worker, tells the caller that a call is over, and only when every process of the call is
   dead (stateless) or stopped with nothing below it (a session); see :mod:`._zygote`. User code cannot reach the
   caller's channel at all.

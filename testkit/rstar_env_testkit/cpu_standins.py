@@ -133,8 +133,9 @@ class GlooCommunicator:
 
         import torch.distributed as dist
 
-        store = dist.TCPStore(group.host, group.port, group.world_size, is_master=group.rank == 0,
-                              timeout=datetime.timedelta(seconds=120))
+        store = dist.TCPStore(
+            group.host, group.port, group.world_size, is_master=group.rank == 0, timeout=datetime.timedelta(seconds=120)
+        )
         self.rank = group.rank
         self.world_size = group.world_size
         self._pg = dist.ProcessGroupGloo(store, group.rank, group.world_size)
@@ -236,8 +237,12 @@ class CPUAsyncLLMEngine:
             rows = Path(os.environ[SCRIPT_ENV]).read_text(encoding="utf-8").splitlines()
             self.answers = {row["problem"]: str(row["answer"]) for row in map(json.loads, filter(None, rows))}
         self._first_turns: dict[str, int] = {}
-        self.engine = CPUEngine(self.model, self.tokenizer, seed=int(getattr(engine_args, "seed", 0)),
-                                script=self.script if self.answers else None)
+        self.engine = CPUEngine(
+            self.model,
+            self.tokenizer,
+            seed=int(getattr(engine_args, "seed", 0)),
+            script=self.script if self.answers else None,
+        )
         module, _, name = engine_args.worker_extension_cls.rpartition(".")
         extension = getattr(importlib.import_module(module), name)
         # OpenRLHF asks for bfloat16; the actor trains in float32 here (see _float32_config), and the weights it
@@ -248,8 +253,12 @@ class CPUAsyncLLMEngine:
         self.unfinished = 0
         self.output_processor = SimpleNamespace(get_num_unfinished_requests=lambda: self.unfinished)
         _default_group()
-        record("engine", event="start", model=str(path), initial={n: checksum(p) for n, p in
-                                                                  list(self.model.named_parameters())[:4]})
+        record(
+            "engine",
+            event="start",
+            model=str(path),
+            initial={n: checksum(p) for n, p in list(self.model.named_parameters())[:4]},
+        )
 
     def script(self, prompt_token_ids: list[int]) -> str | None:
         """The scripted text for this request, or ``None`` to sample from the model.
@@ -313,8 +322,12 @@ class CPUAsyncLLMEngine:
             output = await self.engine.generate(list(prompt["prompt_token_ids"]), sampling_params)
         finally:
             self.unfinished -= 1
-        record("engine", event="generate", prompt_tokens=len(prompt["prompt_token_ids"]),
-               tokens=len(output.outputs[0].token_ids))
+        record(
+            "engine",
+            event="generate",
+            prompt_tokens=len(prompt["prompt_token_ids"]),
+            tokens=len(output.outputs[0].token_ids),
+        )
         yield output
 
 
@@ -339,22 +352,33 @@ def stand_in_modules() -> dict[str, ModuleType]:
     from rstar_env_testkit.openrlhf_stubs import StubSamplingParams
 
     modules = {
-        "vllm": _module("vllm", __version__=VLLM_VERSION, SamplingParams=StubSamplingParams,
-                        AsyncEngineArgs=AsyncEngineArgs, AsyncLLMEngine=CPUAsyncLLMEngine),
+        "vllm": _module(
+            "vllm",
+            __version__=VLLM_VERSION,
+            SamplingParams=StubSamplingParams,
+            AsyncEngineArgs=AsyncEngineArgs,
+            AsyncLLMEngine=CPUAsyncLLMEngine,
+        ),
         "vllm.inputs": _module("vllm.inputs", TokensPrompt=dict),
         "vllm.utils": _module("vllm.utils", random_uuid=lambda: uuid.uuid4().hex),
         "vllm.distributed": _module("vllm.distributed"),
         "vllm.distributed.utils": _module("vllm.distributed.utils", StatelessProcessGroup=StatelessProcessGroup),
         "vllm.distributed.device_communicators": _module("vllm.distributed.device_communicators"),
         "vllm.distributed.device_communicators.pynccl": _module(
-            "vllm.distributed.device_communicators.pynccl", PyNcclCommunicator=GlooCommunicator),
+            "vllm.distributed.device_communicators.pynccl", PyNcclCommunicator=GlooCommunicator
+        ),
         "flash_attn": _module("flash_attn"),
-        "flash_attn.bert_padding": _module("flash_attn.bert_padding", **{
-            n: _not_on_cpu(f"flash_attn.bert_padding.{n}")
-            for n in ("index_first_axis", "pad_input", "rearrange", "unpad_input")}),
+        "flash_attn.bert_padding": _module(
+            "flash_attn.bert_padding",
+            **{
+                n: _not_on_cpu(f"flash_attn.bert_padding.{n}")
+                for n in ("index_first_axis", "pad_input", "rearrange", "unpad_input")
+            },
+        ),
         "flash_attn.utils": _module("flash_attn.utils"),
-        "flash_attn.utils.distributed": _module("flash_attn.utils.distributed",
-                                                all_gather=_not_on_cpu("flash_attn.utils.distributed.all_gather")),
+        "flash_attn.utils.distributed": _module(
+            "flash_attn.utils.distributed", all_gather=_not_on_cpu("flash_attn.utils.distributed.all_gather")
+        ),
     }
     for name, module in modules.items():  # submodules as attributes, as the import system would set them
         parent, _, child = name.rpartition(".")
@@ -421,13 +445,18 @@ def _patch_openrlhf(module: ModuleType) -> None:
         def compute_advantages_and_returns(self: Any, experiences: list[Any]) -> Any:
             rows: dict[int, tuple[str, float]] = {}
             for experience in experiences:
-                for i, prompt, reward in zip(experience.index, experience.prompts, experience.rewards.tolist(),
-                                             strict=True):
+                for i, prompt, reward in zip(
+                    experience.index, experience.prompts, experience.rewards.tolist(), strict=True
+                ):
                     rows[i] = (prompt, float(reward))
             ordered = [rows[i] for i in sorted(rows)]
-            record("group_norm", estimator=self.args.algo.advantage.estimator,
-                   n_samples_per_prompt=self.args.rollout.n_samples_per_prompt,
-                   prompts=[p for p, _ in ordered], rewards=[r for _, r in ordered])
+            record(
+                "group_norm",
+                estimator=self.args.algo.advantage.estimator,
+                n_samples_per_prompt=self.args.rollout.n_samples_per_prompt,
+                prompts=[p for p, _ in ordered],
+                rewards=[r for _, r in ordered],
+            )
             return real(self, experiences)
 
         cls.compute_advantages_and_returns = compute_advantages_and_returns

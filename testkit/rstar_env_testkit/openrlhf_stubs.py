@@ -88,11 +88,15 @@ def cpu_stub_modules() -> dict[str, ModuleType]:
         def get(self, block: bool = True) -> Any:
             return self.items.pop(0)
 
-    ray = _module("ray", remote=remote, get=lambda ref: ref, put=lambda value: value, wait=wait,
-                  is_initialized=lambda: False)
+    ray = _module(
+        "ray", remote=remote, get=lambda ref: ref, put=lambda value: value, wait=wait, is_initialized=lambda: False
+    )
     util = _module("ray.util", placement_group_table=lambda pg: {"bundles_to_node_id": {}})
-    pg = _module("ray.util.placement_group", placement_group=lambda *a, **k: SimpleNamespace(ready=lambda: None),
-                 PlacementGroup=object)
+    pg = _module(
+        "ray.util.placement_group",
+        placement_group=lambda *a, **k: SimpleNamespace(ready=lambda: None),
+        PlacementGroup=object,
+    )
     strategies = _module("ray.util.scheduling_strategies", PlacementGroupSchedulingStrategy=dict)
     queue = _module("ray.util.queue", Queue=_Queue)
     ray.util = util  # type: ignore[attr-defined]
@@ -137,8 +141,9 @@ class CPUEngine:
         self.tokenizer = tokenizer
         self.script = script
         self.policy = TransformersPolicy(
-            model, tokenizer=tokenizer, sampling=SamplingParams(temperature=temperature, max_new_tokens=1 << 20,
-                                                                  seed=seed)
+            model,
+            tokenizer=tokenizer,
+            sampling=SamplingParams(temperature=temperature, max_new_tokens=1 << 20, seed=seed),
         )
         self.calls: list[tuple[int, dict[str, Any]]] = []
 
@@ -157,8 +162,9 @@ class CPUEngine:
             full = self.tokenizer.encode(forced, add_special_tokens=False)
             finish = "length" if len(full) > cap else "stop"
         else:
-            request = Request(trajectory=Trajectory(problem="", answer=""), context_ids=list(prompt_token_ids),
-                              max_new_tokens=cap)
+            request = Request(
+                trajectory=Trajectory(problem="", answer=""), context_ids=list(prompt_token_ids), max_new_tokens=cap
+            )
             (generation,) = await self.policy.generate([request])
             ids, logprobs = list(generation.token_ids or []), list(generation.logprobs or [])
             finish = "length" if generation.finish_reason == "length" else "stop"

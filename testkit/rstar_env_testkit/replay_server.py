@@ -75,8 +75,9 @@ def reply(
     return entry
 
 
-def fault(status: int = 500, *, retry_after: float | None = None, message: str | None = None,
-          match: str | None = None) -> Entry:
+def fault(
+    status: int = 500, *, retry_after: float | None = None, message: str | None = None, match: str | None = None
+) -> Entry:
     """An HTTP error entry (429 with ``retry_after`` seconds, 500, 503, 400, ...)."""
     entry: Entry = {"status": status, "message": message or f"injected fault {status}"}
     if retry_after is not None:
@@ -142,11 +143,17 @@ def validate_messages(messages: Any) -> str | None:
             calls = message.get("tool_calls") or []
             for j, call in enumerate(calls):
                 function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not isinstance(
-                    function.get("arguments"), str
-                ) or call.get("type") != "function" or not isinstance(call.get("id"), str):
-                    return (f"messages[{i}].tool_calls[{j}] must be {{id, type: function, function: "
-                            f"{{name, arguments: str}}}}")
+                if (
+                    not isinstance(function, dict)
+                    or not isinstance(function.get("name"), str)
+                    or not isinstance(function.get("arguments"), str)
+                    or call.get("type") != "function"
+                    or not isinstance(call.get("id"), str)
+                ):
+                    return (
+                        f"messages[{i}].tool_calls[{j}] must be {{id, type: function, function: "
+                        f"{{name, arguments: str}}}}"
+                    )
             ids = [call["id"] for call in calls]
             if len(set(ids)) != len(ids):
                 return f"messages[{i}]: tool call ids are not unique: {ids}"
@@ -275,13 +282,20 @@ class ReplayServer:
             arguments = call.get("arguments", {})
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
-            calls.append({"id": call.get("id", f"chatcmpl-tool-{n}-{j}"), "type": "function",
-                          "function": {"name": call["name"], "arguments": arguments}})
+            calls.append(
+                {
+                    "id": call.get("id", f"chatcmpl-tool-{n}-{j}"),
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": arguments},
+                }
+            )
         message["tool_calls"] = calls
         finish = entry.get("finish_reason") or ("tool_calls" if calls else "stop")
         content = entry.get("content") or ""
-        usage = entry.get("usage") or {"prompt_tokens": 10 * len(body.get("messages") or []),
-                                       "completion_tokens": max(1, len(content.split()))}
+        usage = entry.get("usage") or {
+            "prompt_tokens": 10 * len(body.get("messages") or []),
+            "completion_tokens": max(1, len(content.split())),
+        }
         usage = {**usage, "total_tokens": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)}
         return {
             "id": f"chatcmpl-replay-{n}",

@@ -31,8 +31,13 @@ def restore_global_rng(state: dict[str, Any]) -> None:
 def training_state(model: Any, optimizer: Any, step: int, cursor: Any) -> dict[str, Any]:
     """What every local trainer's checkpoint holds: weights, optimizer, step, data position (``cursor.epoch``,
     ``cursor.position``) and the global generators; a trainer adds its own extras."""
-    return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "cursor": (cursor.epoch, cursor.position), **global_rng_state()}
+    return {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "cursor": (cursor.epoch, cursor.position),
+        **global_rng_state(),
+    }
 
 
 def restore_training_state(state: dict[str, Any], model: Any, optimizer: Any) -> tuple[int, tuple[int, int]]:

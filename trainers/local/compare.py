@@ -75,8 +75,7 @@ def run_compare(
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
-    arms = [(arm, seed, *arm_config(run, settings, root, arm, seed, steps, model))
-            for seed in seeds for arm in ARMS]
+    arms = [(arm, seed, *arm_config(run, settings, root, arm, seed, steps, model)) for seed in seeds for arm in ARMS]
     if jobs > 1 and model_and_tokenizer is None:
         _run_parallel(arms, jobs, on_step, on_progress)
         return write_report(root, seeds, keep=settings.group_size)
@@ -95,22 +94,32 @@ def run_compare(
     return write_report(root, seeds, keep=settings.group_size)
 
 
-def arm_config(run: RunConfig, settings: LocalTrainerConfig, root: Path, arm: str, seed: int, steps: int,
-               model: str) -> tuple[RunConfig, LocalTrainerConfig]:
+def arm_config(
+    run: RunConfig, settings: LocalTrainerConfig, root: Path, arm: str, seed: int, steps: int, model: str
+) -> tuple[RunConfig, LocalTrainerConfig]:
     """One arm's run config and trainer settings: the shared ones, with the arm's sampler and the seed."""
     arm_run = run.model_copy(deep=True)
     arm_run.sampler = type(run.sampler).model_validate(ARMS[arm])
-    arm_settings = settings.model_copy(update={
-        "seed": seed, "steps": steps, "model": model, "output_dir": str(arm_dir(root, arm, seed)),
-        "sft": None, "save_model": False, "eval_at_start": False,
-        # step 1's rollouts only: the pairing check and the sampler-only check read them
-        "save_trajectories": True, "save_trajectories_steps": 1,
-    })
+    arm_settings = settings.model_copy(
+        update={
+            "seed": seed,
+            "steps": steps,
+            "model": model,
+            "output_dir": str(arm_dir(root, arm, seed)),
+            "sft": None,
+            "save_model": False,
+            "eval_at_start": False,
+            # step 1's rollouts only: the pairing check and the sampler-only check read them
+            "save_trajectories": True,
+            "save_trajectories_steps": 1,
+        }
+    )
     return arm_run, arm_settings
 
 
-def _arm_progress(on_progress: Callable[[str, int, int, str], None], arm: str,
-                  seed: int) -> Callable[[str, int, int, str], None]:
+def _arm_progress(
+    on_progress: Callable[[str, int, int, str], None], arm: str, seed: int
+) -> Callable[[str, int, int, str], None]:
     def report(key: str, done: int, total: int, description: str = "") -> None:
         on_progress(f"{arm}/{seed} {key}", done, total, f"{arm}/{seed} {description or key}")
 
@@ -178,8 +187,9 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
             return
         torch.set_num_threads(threads)
         report = _arm_progress(lambda *args: send("progress", *args), arm, seed)
-        trainer = LocalTrainer(RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data),
-                               on_progress=report)
+        trainer = LocalTrainer(
+            RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data), on_progress=report
+        )
         try:
             trainer.train(on_step=lambda m: send("step", arm, seed, m))
         finally:
@@ -189,9 +199,12 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
         queue.put(("ended", os.getpid()))
 
 
-def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]], jobs: int,
-                  on_step: Callable[[str, int, dict[str, Any]], None] | None,
-                  on_progress: Callable[[str, int, int, str], None] | None = None) -> None:
+def _run_parallel(
+    arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]],
+    jobs: int,
+    on_step: Callable[[str, int, dict[str, Any]], None] | None,
+    on_progress: Callable[[str, int, int, str], None] | None = None,
+) -> None:
     import multiprocessing as mp
     import os
     import queue as queue_module
@@ -217,12 +230,14 @@ def _run_parallel(arms: Sequence[tuple[str, int, RunConfig, LocalTrainerConfig]]
             elif kind == "progress" and on_progress is not None:
                 on_progress(*message)
 
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_child_init,
-                               initargs=(messages, stopping))
+    pool = ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_child_init, initargs=(messages, stopping)
+    )
     pending: set[Any] = set()
     try:
-        pending = {pool.submit(_train_arm, arm, seed, r.model_dump(), s.model_dump(), threads)
-                   for arm, seed, r, s in arms}
+        pending = {
+            pool.submit(_train_arm, arm, seed, r.model_dump(), s.model_dump(), threads) for arm, seed, r, s in arms
+        }
         while pending:
             done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
             drain()
@@ -354,8 +369,13 @@ def step1_paired(root: Path, seeds: Sequence[int]) -> dict[str, dict[str, int] |
                 by_arm.append(None)
                 continue
             rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            by_arm.append({(r.get("id"), r["metadata"].get("sample")): [t.get("action_token_ids") for t in r["turns"]]
-                           for r in rows if r["metadata"].get("step") == 1})
+            by_arm.append(
+                {
+                    (r.get("id"), r["metadata"].get("sample")): [t.get("action_token_ids") for t in r["turns"]]
+                    for r in rows
+                    if r["metadata"].get("step") == 1
+                }
+            )
         if by_arm[0] is None or by_arm[1] is None:
             result[str(seed)] = None
             continue
@@ -366,9 +386,19 @@ def step1_paired(root: Path, seeds: Sequence[int]) -> dict[str, dict[str, int] |
 
 def write_per_step_csv(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> Path:
     """One line per (seed, step, arm): the rollouts' figures before selection, and the log-prob gap if measured."""
-    columns = ["tool_error_ratio_correct", "tool_error_ratio", "reward", "accuracy", "tool_calls_per_trajectory",
-               "response_tokens", "groups_kept", "sampler/kept_pos/error_penalty", "logprob_gap/mean_abs",
-               "logprob_gap/outside_clip", "time/step_s"]
+    columns = [
+        "tool_error_ratio_correct",
+        "tool_error_ratio",
+        "reward",
+        "accuracy",
+        "tool_calls_per_trajectory",
+        "response_tokens",
+        "groups_kept",
+        "sampler/kept_pos/error_penalty",
+        "logprob_gap/mean_abs",
+        "logprob_gap/outside_clip",
+        "time/step_s",
+    ]
     lines = [",".join(["seed", "step", "arm", *columns])]
     for arm, by_seed in runs.items():
         for seed, rows in by_seed.items():
@@ -394,12 +424,16 @@ def write_report(root: Path, seeds: Sequence[int], keep: int | None = None) -> d
         for key, _ in PANELS:
             per_seed = [_mean(_series(rows, key)) for rows in by_seed.values()]
             last = [_mean(_series(rows[len(rows) // 2 :], key)) for rows in by_seed.values()]
-            entry[key] = {"mean_all_steps": _mean(per_seed), "mean_second_half": _mean(last),
-                          "spread_second_half": pstdev([v for v in last if not math.isnan(v)]) if len(last) > 1
-                          else 0.0, "per_seed_second_half": last}
+            entry[key] = {
+                "mean_all_steps": _mean(per_seed),
+                "mean_second_half": _mean(last),
+                "spread_second_half": pstdev([v for v in last if not math.isnan(v)]) if len(last) > 1 else 0.0,
+                "per_seed_second_half": last,
+            }
         for name in ("tool_calls_per_trajectory", "accuracy"):
-            entry[name] = {"mean_second_half": _mean(
-                [_mean(_series(rows[len(rows) // 2 :], name)) for rows in by_seed.values()])}
+            entry[name] = {
+                "mean_second_half": _mean([_mean(_series(rows[len(rows) // 2 :], name)) for rows in by_seed.values()])
+            }
         summary["arms"][arm] = entry
     summary["paired"] = paired_differences(runs, seeds)
     summary["paired_step1"] = step1_paired(root, seeds)
@@ -430,8 +464,7 @@ def _roc_check_all_seeds(root: Path, seeds: Sequence[int], keep: int) -> dict[st
 
 def markdown_table(summary: dict[str, Any]) -> str:
     """One row per arm: each plotted quantity over all steps and over the second half (mean ± spread of seeds)."""
-    head = ["arm", *(f"{k} (all / 2nd half)" for k, _ in PANELS), "tool calls / traj (2nd half)",
-            "accuracy (2nd half)"]
+    head = ["arm", *(f"{k} (all / 2nd half)" for k, _ in PANELS), "tool calls / traj (2nd half)", "accuracy (2nd half)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, entry in summary["arms"].items():
         cells = [arm]
@@ -447,28 +480,45 @@ def markdown_table(summary: dict[str, Any]) -> str:
     paired = summary.get("paired")
     if paired:
         seed_keys = [str(s) for s in summary["seeds"]]
-        lines += ["", "Paired difference RoC - GRPO (same seeds, same step-1 rollouts), per seed and mean with its 95% "
-                  "t-interval over seeds:", "",
-                  "| quantity | window | " + " | ".join(f"seed {s}" for s in seed_keys) + " | mean | 95% CI |",
-                  "|" + "---|" * (4 + len(seed_keys))]
+        lines += [
+            "",
+            "Paired difference RoC - GRPO (same seeds, same step-1 rollouts), per seed and mean with its 95% "
+            "t-interval over seeds:",
+            "",
+            "| quantity | window | " + " | ".join(f"seed {s}" for s in seed_keys) + " | mean | 95% CI |",
+            "|" + "---|" * (4 + len(seed_keys)),
+        ]
         for key, entry in paired.items():
             for window in ("second_half", "all_steps"):
                 e = entry[window]
                 low, high = e["ci95"]
-                cells = [key, window.replace("_", " "), *(f"{e['per_seed'][s]:+.4f}" for s in seed_keys),
-                         f"{e['mean']:+.4f}", "n/a (one seed)" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"]
+                cells = [
+                    key,
+                    window.replace("_", " "),
+                    *(f"{e['per_seed'][s]:+.4f}" for s in seed_keys),
+                    f"{e['mean']:+.4f}",
+                    "n/a (one seed)" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]",
+                ]
                 lines.append("| " + " | ".join(cells) + " |")
     pairing = summary.get("paired_step1")
     if pairing:
-        lines += ["", "Step-1 rollouts identical in both arms: " + ", ".join(
-            f"seed {s}: {v['identical']} of {v['of']}" if v else f"seed {s}: not saved" for s, v in pairing.items())]
+        lines += [
+            "",
+            "Step-1 rollouts identical in both arms: "
+            + ", ".join(
+                f"seed {s}: {v['identical']} of {v['of']}" if v else f"seed {s}: not saved" for s, v in pairing.items()
+            ),
+        ]
     check = summary.get("roc_check")
     if check:
-        lines += ["", "Sampler-only check on the step-1 rollouts (all seeds): selected positives' tool-error ratio "
-                  f"GRPO-RoC {check['roc_selected_error_ratio']:.4f} vs GRPO {check['grpo_selected_error_ratio']:.4f} "
-                  f"(difference {check['difference']:+.4f}; before selection "
-                  f"{check['error_ratio_positives_before_selection']:.4f}; {check['mixed_groups']} mixed groups, "
-                  f"{check['positives_with_tool_error']} of {check['positives']} positives with a tool error)."]
+        lines += [
+            "",
+            "Sampler-only check on the step-1 rollouts (all seeds): selected positives' tool-error ratio "
+            f"GRPO-RoC {check['roc_selected_error_ratio']:.4f} vs GRPO {check['grpo_selected_error_ratio']:.4f} "
+            f"(difference {check['difference']:+.4f}; before selection "
+            f"{check['error_ratio_positives_before_selection']:.4f}; {check['mixed_groups']} mixed groups, "
+            f"{check['positives_with_tool_error']} of {check['positives']} positives with a tool error).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -488,8 +538,15 @@ def plot_compare(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -
             for rows in by_seed.values():  # each seed thin, their mean thick
                 ax.plot([r["step"] for r in rows], _series(rows, key), color=colors[arm], alpha=0.25, lw=1)
             mean = [_mean([_series(rows, key)[i] for rows in by_seed.values() if i < len(rows)]) for i in range(width)]
-            ax.plot(range(1, width + 1), mean, color=colors[arm], lw=2.2, marker="o", ms=3,
-                    label=f"{'GRPO-RoC' if arm == 'roc' else 'GRPO'} (mean of {len(by_seed)} seeds)")
+            ax.plot(
+                range(1, width + 1),
+                mean,
+                color=colors[arm],
+                lw=2.2,
+                marker="o",
+                ms=3,
+                label=f"{'GRPO-RoC' if arm == 'roc' else 'GRPO'} (mean of {len(by_seed)} seeds)",
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -504,8 +561,15 @@ def plot_compare(runs: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -
         diffs.append(d)
         ax.plot(range(1, n + 1), d, color="tab:purple", alpha=0.3, lw=1)
     width = max((len(d) for d in diffs), default=0)
-    ax.plot(range(1, width + 1), [_mean([d[i] for d in diffs if i < len(d)]) for i in range(width)],
-            color="tab:purple", lw=2.2, marker="o", ms=3, label=f"RoC - GRPO (mean of {len(diffs)} seeds)")
+    ax.plot(
+        range(1, width + 1),
+        [_mean([d[i] for d in diffs if i < len(d)]) for i in range(width)],
+        color="tab:purple",
+        lw=2.2,
+        marker="o",
+        ms=3,
+        label=f"RoC - GRPO (mean of {len(diffs)} seeds)",
+    )
     ax.axhline(0.0, color="black", lw=0.8)
     ax.set_title("paired difference: tool-error ratio in correct trajectories", fontsize=10)
     ax.set_xlabel("step")

@@ -49,7 +49,8 @@ class LocalSFTConfig(BaseModel):
     """Tokens per conversation; longer ones are cut (their tail is not trained on)."""
     lr: PositiveFloat = 5e-6
     lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr"] = (
-        "cosine_with_min_lr")
+        "cosine_with_min_lr"
+    )
     lr_warmup_ratio: float = Field(0.03, ge=0, le=1)
     max_epochs: PositiveInt = 2
     train_batch_size: PositiveInt = 128

@@ -62,11 +62,18 @@ def evaluate_model(
     """Roll ``model`` out on ``rows`` in ``run``'s env (its tools, reward, turns) and summarise tool use; the model
     is put in eval mode and left there. ``on_done(done, total)`` as each episode ends (progress)."""
     model.eval()
-    policy = TransformersPolicy(model, tokenizer=tokenizer, batch_size=batch_size, device=device, dtype=dtype,
-                                sampling=SamplingParams(temperature, 1.0, max_new_tokens, seed))
+    policy = TransformersPolicy(
+        model,
+        tokenizer=tokenizer,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        sampling=SamplingParams(temperature, 1.0, max_new_tokens, seed),
+    )
     jobs = jobs_for(rows, samples)
-    env = MathToolVectorEnv(min(width, len(jobs)), config=run, tokenizer=tokenizer, max_length=max_response_tokens,
-                            length_unit="tokens")
+    env = MathToolVectorEnv(
+        min(width, len(jobs)), config=run, tokenizer=tokenizer, max_length=max_response_tokens, length_unit="tokens"
+    )
     try:
         trajectories = asyncio.run(collect_reporting(policy, jobs, env, on_done))
     finally:
@@ -74,8 +81,13 @@ def evaluate_model(
     return tool_use_summary(trajectories), trajectories
 
 
-async def collect_reporting(policy: Any, jobs: Sequence[Job], env: MathToolVectorEnv,
-                            on_done: Callable[[int, int], None] | None = None, **options: Any) -> list[Trajectory]:
+async def collect_reporting(
+    policy: Any,
+    jobs: Sequence[Job],
+    env: MathToolVectorEnv,
+    on_done: Callable[[int, int], None] | None = None,
+    **options: Any,
+) -> list[Trajectory]:
     """:func:`~rstar_env.rollout.collect.collect` (trajectories in job order), calling ``on_done(done, total)`` as
     each episode ends; ``options`` go to :func:`~rstar_env.rollout.collect.iter_collect` (``seed``...)."""
     index = {id(job): i for i, job in enumerate(jobs)}
@@ -91,8 +103,14 @@ async def collect_reporting(policy: Any, jobs: Sequence[Job], env: MathToolVecto
     return [t for t in out if t is not None]
 
 
-def record_held_out(out: Path, name: str, step: int, logger: Any, evaluate: Callable[[], dict[str, float]],
-                    on_eval: Callable[[str, dict[str, float]], None] | None = None) -> dict[str, float] | None:
+def record_held_out(
+    out: Path,
+    name: str,
+    step: int,
+    logger: Any,
+    evaluate: Callable[[], dict[str, float]],
+    on_eval: Callable[[str, dict[str, float]], None] | None = None,
+) -> dict[str, float] | None:
     """Run ``evaluate`` once per run directory: the report goes to ``out/{name}.json`` and, as ``{name}/...``, to
     the metrics at ``step``. Returns ``None`` when ``{name}.json`` already exists (a rerun does not redo it)."""
     path = out / f"{name}.json"

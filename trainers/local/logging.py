@@ -31,8 +31,9 @@ class MetricsLogger:
             try:
                 import wandb
             except ImportError:
-                warnings.warn(f"wandb_project={wandb_project!r} but wandb is not installed (pip install wandb)",
-                              stacklevel=2)
+                warnings.warn(
+                    f"wandb_project={wandb_project!r} but wandb is not installed (pip install wandb)", stacklevel=2
+                )
             else:
                 self._wandb = wandb.init(project=wandb_project, config=config, dir=str(out))
 

@@ -84,7 +84,11 @@ def clipped_policy_loss(
 
 
 def masked_token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, *,
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    *,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` of ``model`` on ``input_ids``, computed only where ``mask[:, 1:]`` is 1 (zeros
@@ -100,8 +104,7 @@ def masked_token_logprobs(
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if decoder is None or head is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        logp, entropy = token_logprobs(logits, input_ids,
-                                       entropy_grad=entropy_grad)
+        logp, entropy = token_logprobs(logits, input_ids, entropy_grad=entropy_grad)
         return logp * select, entropy * select
     # use_cache=False: a training forward has no use for a KV cache (it would hold every layer's keys and values).
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state

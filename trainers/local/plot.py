@@ -34,13 +34,19 @@ PANELS: tuple[Panel, ...] = (
     Panel("gradient norm", ("grad_norm",), "norm (before clipping)"),
     Panel("entropy", ("entropy",), "nats per token"),
     Panel("learning rate", ("lr",), "learning rate"),
-    Panel("time per step", ("time/generation_s", "time/tools_and_reward_s", "time/train_s", "time/step_s"),
-          "seconds"),
+    Panel("time per step", ("time/generation_s", "time/tools_and_reward_s", "time/train_s", "time/step_s"), "seconds"),
 )
 
-LABELS = {"tool_error_ratio": "all trajectories", "tool_error_ratio_correct": "correct trajectories",
-          "time/generation_s": "generation", "time/tools_and_reward_s": "tools and reward", "time/train_s": "update",
-          "time/step_s": "whole step", "groups_kept": "kept", "groups_dropped": "dropped"}
+LABELS = {
+    "tool_error_ratio": "all trajectories",
+    "tool_error_ratio_correct": "correct trajectories",
+    "time/generation_s": "generation",
+    "time/tools_and_reward_s": "tools and reward",
+    "time/train_s": "update",
+    "time/step_s": "whole step",
+    "groups_kept": "kept",
+    "groups_dropped": "dropped",
+}
 HELD_OUT = ("pass@1", "tool_call_share", "answer_format_share")
 
 
@@ -78,13 +84,16 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
     except ImportError as exc:
         raise ImportError("plotting needs matplotlib: pip install 'rstar-env[local]'") from exc
     run_dir = Path(run_dir)
     # metrics.jsonl also holds the held-out reports' rows (keys eval/..., eval_start/...): not training steps.
-    rows = [r for r in read_metrics(run_dir)
-            if any(not k.startswith(("eval/", "eval_start/")) for k in r if k not in ("step", "stage"))]
+    rows = [
+        r
+        for r in read_metrics(run_dir)
+        if any(not k.startswith(("eval/", "eval_start/")) for k in r if k not in ("step", "stage"))
+    ]
     if not rows:
         raise ValueError(f"{run_dir}/metrics.jsonl has no steps yet")
     steps = [r["step"] for r in rows]
@@ -103,6 +112,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(panel.ylabel)
+        if panel.keys == ("lr",):  # each tick its own value: a constant lr on a "1e-5" offset axis reads as ~0
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: scientific(value)))
         ax.grid(alpha=0.3)
         if len(keys) > 1:
             ax.legend(fontsize=8)
@@ -118,6 +129,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return path
 
 
+def scientific(value: float) -> str:
+    """A tick value written whole in scientific notation, trailing zeros dropped: ``2e-05``, ``1.5e-04``, ``0``."""
+    if value == 0:
+        return "0"
+    mantissa, _, exponent = f"{value:.3e}".partition("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+
+
 def _draw_held_out(ax: Any, before: dict[str, float] | None, after: dict[str, float] | None) -> None:
     """Held-out figures before and after training, side by side (a report that does not exist is left out)."""
     keys = [k for k in HELD_OUT if (before and k in before) or (after and k in after)]
@@ -131,6 +150,9 @@ def _draw_held_out(ax: Any, before: dict[str, float] | None, after: dict[str, fl
     ax.set_xticks(range(len(keys)), [k.replace("_", " ") for k in keys], fontsize=8)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("share of held-out episodes")
-    ax.set_title("held-out: before vs after" if before is not None and after is not None
-                 else f"held-out: {'after' if after is not None else 'before'} training")
+    ax.set_title(
+        "held-out: before vs after"
+        if before is not None and after is not None
+        else f"held-out: {'after' if after is not None else 'before'} training"
+    )
     ax.legend(fontsize=8)

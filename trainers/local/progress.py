@@ -40,8 +40,14 @@ class RunProgress:
     terminal).
     """
 
-    def __init__(self, console: Console | None = None, *, plain: bool | None = None, every_s: float = 10.0,
-                 heartbeat_s: float = 25.0) -> None:
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        plain: bool | None = None,
+        every_s: float = 10.0,
+        heartbeat_s: float = 25.0,
+    ) -> None:
         self.console = console or Console(stderr=True)
         self.plain = (not self.console.is_terminal) if plain is None else plain
         self.every_s = every_s
@@ -59,8 +65,14 @@ class RunProgress:
             self._thread = threading.Thread(target=self._heartbeat, name="progress-heartbeat", daemon=True)
             self._thread.start()
         else:
-            self._bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=30), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), console=self.console, transient=True)
+            self._bars = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=30),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
             self._bars.start()
         return self
 
@@ -87,8 +99,9 @@ class RunProgress:
                     phase.task = self._bars.add_task(description, total=total)
                 if done == 0:
                     self._bars.reset(phase.task, total=total, description=description)
-                self._bars.update(phase.task, completed=done, total=total, description=description,
-                                  visible=done < total)
+                self._bars.update(
+                    phase.task, completed=done, total=total, description=description, visible=done < total
+                )
                 return
             finished = done >= total
             if finished or done == 0 or now - phase.printed >= self.every_s:
@@ -102,8 +115,9 @@ class RunProgress:
 
     def _emit(self, text: str) -> None:
         self._last_output = time.monotonic()
-        (self._bars.console if self._bars is not None else self.console).print(text, markup=False, highlight=False,
-                                                                              soft_wrap=True)
+        (self._bars.console if self._bars is not None else self.console).print(
+            text, markup=False, highlight=False, soft_wrap=True
+        )
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(min(self.heartbeat_s, 5.0)):
@@ -115,8 +129,10 @@ class RunProgress:
                 if phase is None or phase.done >= phase.total:  # another phase may still run (parallel arms)
                     phase = next((p for p in reversed(self._phases.values()) if p.done < p.total), None)
                 if phase is not None and phase.done < phase.total:
-                    self._emit(f"{phase.description}: {phase.done}/{phase.total} "
-                               f"({_seconds(now - phase.started)}, still working)")
+                    self._emit(
+                        f"{phase.description}: {phase.done}/{phase.total} "
+                        f"({_seconds(now - phase.started)}, still working)"
+                    )
                 else:
                     self._emit("still working")
 
@@ -160,8 +176,12 @@ SFT_COLUMNS: Sequence[Column] = (
 
 COMPARE_COLUMNS: Sequence[Column] = (
     Column(("arm/", "seed"), "arm", 8, "s"),
-    *(c for c in RL_COLUMNS if c.key in ("step", "reward", "tool_calls_per_trajectory", "tool_error_ratio_correct",
-                                         "response_tokens", "time/step_s")),
+    *(
+        c
+        for c in RL_COLUMNS
+        if c.key
+        in ("step", "reward", "tool_calls_per_trajectory", "tool_error_ratio_correct", "response_tokens", "time/step_s")
+    ),
 )
 """One arm's RL step per row of ``rstar-env compare`` (``arm``: e.g. ``roc/0``), within 80 columns."""
 
@@ -187,19 +207,53 @@ def table_row(columns: Sequence[Column], metrics: Mapping[str, Any]) -> str:
     return "  ".join(cells)
 
 
+class StepTable:
+    """A per-step table printed through ``progress``; pass :meth:`add` as a trainer's ``on_step``.
+
+    The header (and ``legend``) goes out with the first row, not when the run starts: what a run prints before its
+    first step (model loading, a held-out evaluation, the step's progress lines) would otherwise stand between the
+    header and the rows it names. :meth:`add` may be called from several threads (parallel arms).
+    """
+
+    def __init__(self, progress: RunProgress, columns: Sequence[Column], legend: str | None = None) -> None:
+        self.progress = progress
+        self.columns = columns
+        self.legend = legend
+        self._started = False
+        self._lock = threading.Lock()
+
+    def add(self, metrics: Mapping[str, Any]) -> None:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                for line in (*table_header(self.columns), *([self.legend] if self.legend else [])):
+                    self.progress.print(line)
+            self.progress.print(table_row(self.columns, metrics))
+
+
 # -- the end summary ----------------------------------------------------------------------------------------------
 HELD_OUT_KEYS = ("pass@1", "tool_call_share", "answer_format_share", "tool_calls_per_trajectory", "tool_error_ratio")
 
 
-def summary_lines(*, model: str | None, run_dir: str, eval_before: Mapping[str, float] | None,
-                  eval_after: Mapping[str, float] | None, eval_path: str | None, seconds: float,
-                  peak_gib: float, steps: int, sft_model: str | None = None) -> list[str]:
+def summary_lines(
+    *,
+    model: str | None,
+    run_dir: str,
+    eval_before: Mapping[str, float] | None,
+    eval_after: Mapping[str, float] | None,
+    eval_path: str | None,
+    seconds: float,
+    peak_gib: float,
+    steps: int,
+    sft_model: str | None = None,
+) -> list[str]:
     """The lines that end a run: where things are, held-out before/after, time and memory."""
     lines = []
     if sft_model:
         lines.append(f"SFT model:        {sft_model}")
-    lines.append(f"model:            {model}" if model else f"model:            not saved (checkpoints in "
-                 f"{run_dir}/checkpoints)")
+    lines.append(
+        f"model:            {model}" if model else f"model:            not saved (checkpoints in {run_dir}/checkpoints)"
+    )
     lines.append(f"metrics:          {run_dir}/metrics.jsonl  (curves: rstar-env plot {run_dir})")
     if eval_path:
         lines.append(f"held-out report:  {eval_path}")
@@ -215,8 +269,12 @@ def summary_lines(*, model: str | None, run_dir: str, eval_before: Mapping[str, 
     return lines
 
 
-_SHORT = {"pass@1": "pass@1", "tool_call_share": "used the tool", "answer_format_share": "answer format",
-          "tool_calls_per_trajectory": "calls/traj"}
+_SHORT = {
+    "pass@1": "pass@1",
+    "tool_call_share": "used the tool",
+    "answer_format_share": "answer format",
+    "tool_calls_per_trajectory": "calls/traj",
+}
 
 
 def held_out_line(label: str, report: Mapping[str, float]) -> str:

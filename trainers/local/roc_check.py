@@ -32,8 +32,10 @@ def read_step_groups(path: str | Path, step: int = 1) -> list[list[Trajectory]]:
     if path.is_dir():
         path = path / "trajectories.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: give a run directory that saved its trajectories "
-                                "(trainer.save_trajectories) or the jsonl itself")
+        raise FileNotFoundError(
+            f"{path} does not exist: give a run directory that saved its trajectories "
+            "(trainer.save_trajectories) or the jsonl itself"
+        )
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     with path.open(encoding="utf-8") as handle:
         for line in handle:

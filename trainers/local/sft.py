@@ -99,11 +99,16 @@ class SFTTrainer:
         self.total_steps = math.ceil(len(self.examples) * settings.max_epochs / settings.train_batch_size)
         warmup = round(self.total_steps * settings.lr_warmup_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(settings.lr_scheduler, s, self.total_steps, warmup))
+            self.optimizer, lambda s: lr_factor(settings.lr_scheduler, s, self.total_steps, warmup)
+        )
         self.cursor = DataCursor()
         self.step = 0
-        self.logger = MetricsLogger(self.out, tensorboard=settings.tensorboard, wandb_project=settings.wandb_project,
-                                    config={"run": run.model_dump(), "trainer": settings.model_dump()})
+        self.logger = MetricsLogger(
+            self.out,
+            tensorboard=settings.tensorboard,
+            wandb_project=settings.wandb_project,
+            config={"run": run.model_dump(), "trainer": settings.model_dump()},
+        )
         if resume:
             self.resume()
 
@@ -226,10 +231,18 @@ class SFTTrainer:
     def evaluate(self, limit: int | None = None) -> dict[str, float]:
         """Roll the model out on ``eval_dataset`` in the run's env: tool-call share, answer-format share, pass@1."""
         rows = load_dataset(self.cfg.eval_dataset, limit=limit)
-        report, _ = evaluate_model(self.model, self.tokenizer, self.run, list(rows),
-                                   max_new_tokens=self.cfg.eval_max_new_tokens, max_response_tokens=self.cfg.max_len,
-                                   temperature=self.cfg.eval_temperature, seed=self.cfg.seed, device=self.cfg.device,
-                                   on_done=self._reporter("held-out", "SFT held-out episodes"))
+        report, _ = evaluate_model(
+            self.model,
+            self.tokenizer,
+            self.run,
+            list(rows),
+            max_new_tokens=self.cfg.eval_max_new_tokens,
+            max_response_tokens=self.cfg.max_len,
+            temperature=self.cfg.eval_temperature,
+            seed=self.cfg.seed,
+            device=self.cfg.device,
+            on_done=self._reporter("held-out", "SFT held-out episodes"),
+        )
         return report
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
@@ -243,8 +256,12 @@ class SFTTrainer:
 
     def save(self) -> Path:
         state = training_state(self.model, self.optimizer, self.step, self.cursor)
-        return write_checkpoint(self.checkpoint_dir, self.step, {**state, "scheduler": self.scheduler.state_dict()},
-                                self.cfg.keep_checkpoints)
+        return write_checkpoint(
+            self.checkpoint_dir,
+            self.step,
+            {**state, "scheduler": self.scheduler.state_dict()},
+            self.cfg.keep_checkpoints,
+        )
 
     def resume(self) -> bool:
         """Load the latest checkpoint under ``output_dir``, if any."""
@@ -263,7 +280,6 @@ class SFTTrainer:
 
     def close(self) -> None:
         self.logger.close()
-
 
 
 def run_sft_stage(
@@ -318,13 +334,10 @@ def run_sft_stage_isolated(run: RunConfig, settings: LocalSFTConfig) -> tuple[Pa
 
 def _sft_child(run: RunConfig, settings: LocalSFTConfig) -> tuple[Path | None, dict[str, float]]:
     _die_with_parent()
-    from rstar_trainers.local.progress import SFT_COLUMNS, RunProgress, table_header, table_row
+    from rstar_trainers.local.progress import SFT_COLUMNS, RunProgress, StepTable
 
     with RunProgress() as progress:
-        for line in table_header(SFT_COLUMNS):
-            progress.print(line)
-        return run_sft_stage(run, settings, on_step=lambda m: progress.print(table_row(SFT_COLUMNS, m)),
-                             on_progress=progress.update)
+        return run_sft_stage(run, settings, on_step=StepTable(progress, SFT_COLUMNS).add, on_progress=progress.update)
 
 
 def _die_with_parent() -> None:

@@ -119,14 +119,8 @@ class LocalTrainer:
         self.reference = None
         if settings.kl_coef > 0:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.policy = TransformersPolicy(
-            self.model,
-            tokenizer=self.tokenizer,
-            batch_size=settings.generation_batch_size,
-            device=settings.device,
-            dtype=settings.dtype,
-            sampling=SamplingParams(settings.temperature, settings.top_p, settings.max_new_tokens, settings.seed),
-        )
+        sampling = SamplingParams(settings.temperature, settings.top_p, settings.max_new_tokens, settings.seed)
+        self.policy: Any = self._rollout_engine(run.policy.engine, sampling)
         # Rollouts go through the dispatcher, as eval's do: one local engine here (its micro-batching queue sees
         # every request at once), with the same per-engine figures in the metrics.
         self.rollout_policy = DispatchPolicy([EngineSpec(self.policy, "local", max_concurrency=1 << 20)])
@@ -143,8 +137,12 @@ class LocalTrainer:
             max_length=settings.max_response_tokens,
             length_unit="tokens",
         )
-        self.logger = MetricsLogger(self.out, tensorboard=settings.tensorboard, wandb_project=settings.wandb_project,
-                                    config={"run": run.model_dump(), "trainer": settings.model_dump()})
+        self.logger = MetricsLogger(
+            self.out,
+            tensorboard=settings.tensorboard,
+            wandb_project=settings.wandb_project,
+            config={"run": run.model_dump(), "trainer": settings.model_dump()},
+        )
         if resume:
             self.resume()
 
@@ -155,9 +153,13 @@ class LocalTrainer:
         return cls(run, trainer_config(run, **overrides), resume=resume)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
-    def train(self, max_steps: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              on_eval: Callable[[str, dict[str, float]], None] | None = None,
-              on_progress: Callable[[str, int, int, str], None] | None = None) -> None:
+    def train(
+        self,
+        max_steps: int | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_eval: Callable[[str, dict[str, float]], None] | None = None,
+        on_progress: Callable[[str, int, int, str], None] | None = None,
+    ) -> None:
         """Train until ``steps`` (or ``max_steps`` more steps). Ctrl-C saves a checkpoint, then re-raises.
         ``on_eval(name, report)`` sees each held-out report (``eval_start``, ``eval``) as it is written;
         ``on_progress`` (see :attr:`on_progress`) the progress within steps and held-out evaluations."""
@@ -194,14 +196,21 @@ class LocalTrainer:
         """Roll the current weights out once on each held-out problem (``eval_dataset``) with the training
         limits and ``eval_temperature``; the report of :func:`~rstar_trainers.local.heldout.tool_use_summary`."""
         rows = list(load_dataset(dataset or self.cfg.eval_dataset))
-        report, _ = evaluate_model(self.model, self.tokenizer, self.run, rows,
-                                   max_new_tokens=self.cfg.max_new_tokens,
-                                   max_response_tokens=self.cfg.max_response_tokens,
-                                   temperature=self.cfg.temperature if self.cfg.eval_temperature is None
-                                   else self.cfg.eval_temperature, seed=self.cfg.seed + 10_000,
-                                   width=self.cfg.rollout_width, batch_size=self.cfg.generation_batch_size,
-                                   device=self.cfg.device, dtype=self.cfg.dtype,
-                                   on_done=self._reporter("held-out", "held-out episodes"))
+        report, _ = evaluate_model(
+            self.model,
+            self.tokenizer,
+            self.run,
+            rows,
+            max_new_tokens=self.cfg.max_new_tokens,
+            max_response_tokens=self.cfg.max_response_tokens,
+            temperature=self.cfg.temperature if self.cfg.eval_temperature is None else self.cfg.eval_temperature,
+            seed=self.cfg.seed + 10_000,
+            width=self.cfg.rollout_width,
+            batch_size=self.cfg.generation_batch_size,
+            device=self.cfg.device,
+            dtype=self.cfg.dtype,
+            on_done=self._reporter("held-out", "held-out episodes"),
+        )
         return report
 
     def _reporter(self, key: str, description: str) -> Callable[[int, int], None] | None:
@@ -210,7 +219,42 @@ class LocalTrainer:
             return None
         return lambda done, total: report(key, done, total, description)
 
+    def _rollout_engine(self, engine: str, sampling: SamplingParams) -> Any:
+        """The rollout policy the config's ``policy.engine`` names: our sampling loop on the trained model itself,
+        or a vLLM engine loaded from a copy of its weights (``output_dir/rollout_weights``, refreshed before each
+        step's rollouts by :meth:`_sync_rollout_weights`)."""
+        from rstar_env.rollout.vllm import VLLMPolicy, choose_engine
+
+        chosen, note = choose_engine(engine)
+        if note:
+            print(note, flush=True)
+        self._rollout_step = 0  # the weights it starts from (a resumed run's step differs: synced then)
+        if chosen == "vllm":
+            folder = self.out / "rollout_weights"
+            self.model.save_pretrained(folder)
+            self.tokenizer.save_pretrained(folder)
+            return VLLMPolicy(folder, sampling=sampling, dtype=self.cfg.dtype)
+        return TransformersPolicy(
+            self.model,
+            tokenizer=self.tokenizer,
+            batch_size=self.cfg.generation_batch_size,
+            device=self.cfg.device,
+            dtype=self.cfg.dtype,
+            sampling=sampling,
+        )
+
+    def _sync_rollout_weights(self) -> None:
+        """Give a vLLM rollout engine the weights of this step (after an update or a resume); the transformers
+        policy samples from the trained model itself and needs nothing."""
+        if self._rollout_step == self.step or not hasattr(self.policy, "update_weights"):
+            return
+        folder = self.out / "rollout_weights"
+        self.model.save_pretrained(folder)
+        self.policy.update_weights(folder)
+        self._rollout_step = self.step
+
     def train_step(self) -> dict[str, Any]:
+        self._sync_rollout_weights()
         started = time.perf_counter()
         rows = [self.dataset[i] for i in self.cursor.take(self.cfg.prompts_per_step, len(self.dataset), self.cfg.seed)]
         jobs = jobs_for(rows, self.cfg.rollouts_per_prompt)
@@ -219,9 +263,15 @@ class LocalTrainer:
         engines_before = self.rollout_policy.stats()
         # Every request's sampling stream is seeded from (this step's seed, problem, sample, turn): a rerun, or the
         # other arm of a comparison at the same weights, draws the same tokens whatever the tool timing.
-        trajectories = asyncio.run(collect_reporting(
-            self.rollout_policy, jobs, self.env, self._reporter("rollout", f"step {self.step + 1}: rollouts"),
-            seed=rollout_seed(self.cfg.seed, self.step)))
+        trajectories = asyncio.run(
+            collect_reporting(
+                self.rollout_policy,
+                jobs,
+                self.env,
+                self._reporter("rollout", f"step {self.step + 1}: rollouts"),
+                seed=rollout_seed(self.cfg.seed, self.step),
+            )
+        )
         rollout_s = time.perf_counter() - started
         generation_s = self.policy.seconds_generating - gen_before
 
@@ -240,8 +290,9 @@ class LocalTrainer:
         train_s = time.perf_counter() - train_started
         release_memory()
         self.step += 1
-        if self.cfg.save_trajectories and (not self.cfg.save_trajectories_steps
-                                           or self.step <= self.cfg.save_trajectories_steps):
+        if self.cfg.save_trajectories and (
+            not self.cfg.save_trajectories_steps or self.step <= self.cfg.save_trajectories_steps
+        ):
             self._save_trajectories(trajectories)
         metrics = {
             "step": self.step,
@@ -262,8 +313,9 @@ class LocalTrainer:
 
     def select(self, groups: Sequence[list[Trajectory]]) -> tuple[list[Sample], list[list[int] | None]]:
         """Apply the sampler to each group and turn the kept trajectories into loss samples."""
-        kept, selection = select_groups(self.sampler, groups, self.cfg.group_size, self.sampler_rng,
-                                        self.cfg.advantage_eps)
+        kept, selection = select_groups(
+            self.sampler, groups, self.cfg.group_size, self.sampler_rng, self.cfg.advantage_eps
+        )
         samples = []
         for trajectory, advantage in kept:
             tokens = trajectory_tokens(trajectory)
@@ -298,8 +350,12 @@ class LocalTrainer:
             batch = sorted(batch, key=lambda i: len(samples[i].input_ids))
             for lo in range(0, len(batch), self.cfg.micro_batch_size):
                 micro = batch[lo : lo + self.cfg.micro_batch_size]
-                parts = self._micro_loss([samples[i] for i in micro], [old[i] for i in micro],
-                                         [ref[i] for i in micro] if ref else None, total_tokens)
+                parts = self._micro_loss(
+                    [samples[i] for i in micro],
+                    [old[i] for i in micro],
+                    [ref[i] for i in micro] if ref else None,
+                    total_tokens,
+                )
                 parts.loss.backward()
                 for key in ("policy", "kl", "entropy", "clip_fraction"):
                     totals[key].append(getattr(parts, key))
@@ -345,20 +401,34 @@ class LocalTrainer:
                 out[i] = logp[row, : len(samples[i].input_ids) - 1]
         return out
 
-    def _micro_loss(self, samples: Sequence[Sample], old: Sequence[torch.Tensor],
-                    ref: Sequence[torch.Tensor] | None, total_tokens: int) -> Any:
+    def _micro_loss(
+        self,
+        samples: Sequence[Sample],
+        old: Sequence[torch.Tensor],
+        ref: Sequence[torch.Tensor] | None,
+        total_tokens: int,
+    ) -> Any:
         ids, attention, action = self._batch(samples)
         with autocast(self.cfg.dtype, self.cfg.device):
-            logp, entropy = masked_token_logprobs(self.model, ids, attention, action,
-                                                  entropy_grad=self.cfg.entropy_coef > 0)
+            logp, entropy = masked_token_logprobs(
+                self.model, ids, attention, action, entropy_grad=self.cfg.entropy_coef > 0
+            )
         width = logp.shape[1]
         old_t = torch.stack([_pad_to(o, width) for o in old])
         ref_t = torch.stack([_pad_to(r, width) for r in ref]) if ref else None
         advantages = torch.tensor([s.advantage for s in samples], device=logp.device)
         return clipped_policy_loss(
-            logp, old_t, advantages, action[:, 1:], total_tokens=total_tokens,
-            clip_low=self.cfg.clip_low, clip_high=self.cfg.clip_high,
-            ref_logp=ref_t, kl_coef=self.cfg.kl_coef, entropy=entropy, entropy_coef=self.cfg.entropy_coef,
+            logp,
+            old_t,
+            advantages,
+            action[:, 1:],
+            total_tokens=total_tokens,
+            clip_low=self.cfg.clip_low,
+            clip_high=self.cfg.clip_high,
+            ref_logp=ref_t,
+            kl_coef=self.cfg.kl_coef,
+            entropy=entropy,
+            entropy_coef=self.cfg.entropy_coef,
         )
 
     def _save_trajectories(self, trajectories: Sequence[Trajectory]) -> None:
@@ -376,11 +446,16 @@ class LocalTrainer:
     def save(self) -> Path:
         """Write a checkpoint of everything a resumed run needs; keep the newest ``keep_checkpoints``."""
         state = training_state(self.model, self.optimizer, self.step, self.cursor)
-        return write_checkpoint(self.checkpoint_dir, self.step, {
-            **state,
-            "sampler_rng": self.sampler_rng.bit_generator.state,
-            "policy_rng": self.policy._generator.get_state(),
-        }, self.cfg.keep_checkpoints)
+        return write_checkpoint(
+            self.checkpoint_dir,
+            self.step,
+            {
+                **state,
+                "sampler_rng": self.sampler_rng.bit_generator.state,
+                "policy_rng": self.policy._generator.get_state(),
+            },
+            self.cfg.keep_checkpoints,
+        )
 
     def resume(self) -> bool:
         """Load the latest checkpoint under ``output_dir``, if any."""
@@ -402,6 +477,8 @@ class LocalTrainer:
     def close(self) -> None:
         self.env.close()
         self.logger.close()
+        if hasattr(self.policy, "close"):  # a vLLM engine's process
+            self.policy.close()
 
 
 def select_groups(
@@ -431,6 +508,7 @@ def rollout_metrics(
     trajectories = [t for group in groups for t in group]
     summary = summarize(trajectories, correct_threshold=0.0)
     lengths = [t.response_tokens or 0 for t in trajectories]
+
     def figure(key: str) -> float:  # a step whose every episode failed has no scored figure
         value = summary.get(key)
         return float("nan") if value is None else float(value)
@@ -460,8 +538,9 @@ def rollout_seed(seed: int, step: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"rl-step\x1f{seed}\x1f{step}".encode(), digest_size=8).digest(), "big") >> 1
 
 
-def logprob_gap(teacher_forced: Sequence[torch.Tensor], samples: Sequence[Sample], clip_high: float
-                ) -> dict[str, float]:
+def logprob_gap(
+    teacher_forced: Sequence[torch.Tensor], samples: Sequence[Sample], clip_high: float
+) -> dict[str, float]:
     """How far the sampler's log-probs are from a teacher-forced pass of the same weights on the same ids, over
     every generated token: mean ``|delta|``, max, and the share of tokens whose ratio ``exp(delta)`` falls outside
     ``[1 / (1 + clip_high), 1 + clip_high]`` (those the clipped loss treats as off-policy)."""
@@ -500,8 +579,9 @@ def prepare_training(settings: Any, model_and_tokenizer: tuple[Any, Any] | None)
         # float32 master weights whatever the compute dtype (autocast): a 1e-6 update vanishes in bfloat16.
         model, tokenizer = load_model(settings.model, device=settings.device, cache=False)
     # foreach=False: the fused multi-tensor update would hold temporaries the size of all parameters at once.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.adam_betas,
-                                  weight_decay=settings.weight_decay, foreach=False)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.lr, betas=settings.adam_betas, weight_decay=settings.weight_decay, foreach=False
+    )
     if settings.gradient_checkpointing:
         _enable_checkpointing(model)
     return model, tokenizer, optimizer
@@ -514,8 +594,10 @@ def check_device(device: str) -> str:
     except RuntimeError as exc:
         raise ValueError(f"device {device!r} is not a torch device ({exc}): use cpu, cuda or cuda:N") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r}: this torch build ({torch.__version__}) sees no CUDA GPU; use cpu, "
-                         "or install a CUDA build of torch")
+        raise ValueError(
+            f"device {device!r}: this torch build ({torch.__version__}) sees no CUDA GPU; use cpu, "
+            "or install a CUDA build of torch"
+        )
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r}: MPS is not available here; use cpu")
     return device
@@ -539,5 +621,7 @@ def _seed_everything(seed: int) -> None:
 
 def _step_stats(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """This step's share of the dispatcher's running totals (requests, failed, busy time per engine)."""
-    return [{**a, **{k: a[k] - b[k] for k in ("requests", "failed", "busy_s", "marked_down")}}
-            for b, a in zip(before, after, strict=True)]
+    return [
+        {**a, **{k: a[k] - b[k] for k in ("requests", "failed", "busy_s", "marked_down")}}
+        for b, a in zip(before, after, strict=True)
+    ]

@@ -20,9 +20,9 @@ stop strings (kept in the output, so the env sees complete calls). It also recor
 log-probs and hands them to the env, so the trajectory holds the ids vLLM produced, and it always returns complete
 ``extra_logs`` (OpenRLHF turns each key into a per-sample ``info`` tensor: a missing key would misalign a batch).
 
-Nothing blocks the engine's event loop: the env (tools, sandbox, verifier) runs on a dedicated event loop in a
+Nothing blocks the engine's event loop: the env (tools, sandbox, reward plugin) runs on a dedicated event loop in a
 daemon thread of the engine process, and the engine's loop only awaits a future. A plugin that blocks (a sync
-verifier, a slow sandbox call) stalls that thread, never vLLM's generation.
+reward plugin, a slow sandbox call) stalls that thread, never vLLM's generation.
 
 Configuration comes from the run YAML, never from editing this file: ``$RSTAR_ENV_CONFIG`` (the launcher sets it
 for every Ray worker), else ``rstar_env.yaml`` next to this file. The ``env``, ``tools`` and ``reward`` sections
@@ -47,8 +47,9 @@ from rstar_env import aio
 from rstar_env.config import RunConfig
 from rstar_env.env import MathToolEnv
 from rstar_env.format import TOOL_CALL_CLOSE, get_chat_format
+from rstar_env.outcomes import TOOL_ERROR_KINDS
 from rstar_env.plugins import load_reward, load_tool
-from rstar_env.trajectory import TOOL_ERROR_KINDS, Trajectory
+from rstar_env.trajectory import Trajectory
 from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
 from rstar_trainers.openrlhf.runtime import config_path, load_run_config
 from rstar_trainers.openrlhf.trajectory_log import TRAJECTORY_KEY
@@ -103,7 +104,7 @@ async def on_env_loop(coro: Coroutine[Any, Any, T]) -> T:
 # -- process-wide settings and shared plugins ---------------------------------------------------------------------
 class AgentRuntime:
     """What every episode of one process shares: the run config, the tool and reward plugin instances (one
-    sandbox pool and one verifier per process, not one per episode), and the stop strings."""
+    sandbox pool and one reward plugin per process, not one per episode), and the stop strings."""
 
     def __init__(self, run: RunConfig) -> None:
         settings = trainer_config(run)
@@ -161,7 +162,7 @@ class AgentRuntime:
         )
 
     async def aclose(self) -> None:
-        """Release the shared plugins (sandbox pools, verifier workers)."""
+        """Release the shared plugins (sandbox pools, reward workers)."""
         tools, reward = self._tools or [], self._reward
         self._tools, self._reward = None, None
         for plugin in [*tools, reward]:

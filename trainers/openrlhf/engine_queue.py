@@ -79,9 +79,11 @@ class SharedQueue:
             while pending:
                 item = pending[0]
                 need = cost(item)
-                engine = pick_engine([load.free() if load.room_for(need) else -1.0 for load in self.loads],
-                                     [need if load.capacity != float("inf") else 1.0 for load in self.loads],
-                                     idle=[load.in_flight == 0 for load in self.loads])
+                engine = pick_engine(
+                    [load.free() if load.room_for(need) else -1.0 for load in self.loads],
+                    [need if load.capacity != float("inf") else 1.0 for load in self.loads],
+                    idle=[load.in_flight == 0 for load in self.loads],
+                )
                 if engine is None:
                     break  # it waits here, in the shared queue, for the first engine that frees enough
                 pending.popleft()
@@ -121,8 +123,9 @@ def engine_kv_tokens(engines: Sequence[Any], get: Callable[[Any], Any]) -> list[
 def _kv_tokens_of_actor(actor: Any) -> float | None:
     llm = getattr(actor, "llm", None)
     engine = getattr(llm, "llm_engine", None) or getattr(llm, "engine", None) or llm
-    config = getattr(engine, "cache_config", None) or getattr(getattr(engine, "vllm_config", None), "cache_config",
-                                                                 None)
+    config = getattr(engine, "cache_config", None) or getattr(
+        getattr(engine, "vllm_config", None), "cache_config", None
+    )
     blocks, size = getattr(config, "num_gpu_blocks", None), getattr(config, "block_size", None)
     return float(blocks * size) if blocks and size else None
 
@@ -191,7 +194,10 @@ def generate_vllm_shared_queue(
 
     items = list(zip(prompts, labels, images or [None] * len(prompts), strict=True))
     queue.run(items, submit, lambda _item: float(n_samples * max_len), on_done)
-    logger.info("shared engine queue: %s prompts per engine, peak KV tokens %s",
-                [load.served for load in loads], [load.peak_used for load in loads])
+    logger.info(
+        "shared engine queue: %s prompts per engine, peak KV tokens %s",
+        [load.served for load in loads],
+        [load.peak_used for load in loads],
+    )
     generator.engine_loads = loads
     return accepted, consumed[0], state["exhausted"]

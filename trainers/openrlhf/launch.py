@@ -202,8 +202,12 @@ def chat_template(run: RunConfig) -> str:
     from rstar_env.format import get_chat_format
 
     fmt = get_chat_format(run.env.chat_format)
-    starts = {"system": fmt.system_start, "user": fmt.user_start, "assistant": fmt.assistant_start,
-              "tool": fmt.tool_start}
+    starts = {
+        "system": fmt.system_start,
+        "user": fmt.user_start,
+        "assistant": fmt.assistant_start,
+        "tool": fmt.tool_start,
+    }
     branches = "".join(
         f"{'{%- if' if i == 0 else '{%- elif'} message['role'] == {role!r} %}}{{{{ {start!r} }}}}"
         for i, (role, start) in enumerate(starts.items())
@@ -254,8 +258,15 @@ def plan_launch(config: str | Path, *, python: str = "python") -> LaunchPlan:
         command = ["deepspeed"]
         if cfg.hostfile:
             command += ["--hostfile", cfg.hostfile]
-        command += ["--num_nodes", str(cfg.num_nodes), "--num_gpus", str(cfg.gpus_per_node),
-                    "--module", "openrlhf.cli.train_sft", *flags]
+        command += [
+            "--num_nodes",
+            str(cfg.num_nodes),
+            "--num_gpus",
+            str(cfg.gpus_per_node),
+            "--module",
+            "openrlhf.cli.train_sft",
+            *flags,
+        ]
         return LaunchPlan(stage="sft", command=command, script="train_sft", flags=flags)
 
     c = cfg.cluster
@@ -312,11 +323,20 @@ def check_plan(plan: LaunchPlan) -> list[str]:
 
 
 @click.command("openrlhf")
-@click.option("--config", "config", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="A stage config with `trainer: {backend: openrlhf, ...}`.")
+@click.option(
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A stage config with `trainer: {backend: openrlhf, ...}`.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the command and exit without writing or submitting anything.")
-@click.option("--check/--no-check", default=True, show_default=True,
-              help="Check the flags with OpenRLHF's own parser first (when openrlhf is installed here).")
+@click.option(
+    "--check/--no-check",
+    default=True,
+    show_default=True,
+    help="Check the flags with OpenRLHF's own parser first (when openrlhf is installed here).",
+)
 @click.option("--python", default="python", show_default=True, help="The Python the job runs on the cluster.")
 def command(config: str, dry_run: bool, check: bool, python: str) -> None:
     """Train a stage on a Ray cluster with OpenRLHF (vLLM rollouts, DeepSpeed training)."""

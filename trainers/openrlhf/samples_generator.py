@@ -198,8 +198,13 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
 
     def _generate_queued(self, *args: Any, **generate_kwargs: Any) -> Any:
         # OpenRLHF's _generate_vllm, with prompts fed to engines from one shared queue by free KV capacity.
-        return generate_vllm_shared_queue(self, *args, capacity_tokens=self.settings.engine_capacity_tokens,
-                                          max_prompts=self.settings.engine_max_prompts, **generate_kwargs)
+        return generate_vllm_shared_queue(
+            self,
+            *args,
+            capacity_tokens=self.settings.engine_capacity_tokens,
+            max_prompts=self.settings.engine_max_prompts,
+            **generate_kwargs,
+        )
 
     def _process_response_into_experience(self, response: Any, **generate_kwargs: Any) -> Any:
         experience = super()._process_response_into_experience(response, **generate_kwargs)
@@ -228,8 +233,9 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
         keep = self.settings.group_size
         stats = batch_stats(groups, selections, keep, sampler=self.sampler.inner)
         self.last_step_stats = stats
-        kept_flags = [i in set(sel or ()) for group, sel in zip(groups, selections, strict=True)
-                      for i in range(len(group))]
+        kept_flags = [
+            i in set(sel or ()) for group, sel in zip(groups, selections, strict=True) for i in range(len(group))
+        ]
         rolled = [record.experience for group in groups for record in group]
         for experience, kept in zip(rolled, kept_flags, strict=True):
             if kept:
@@ -243,10 +249,15 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
         logger.info(
             "RoC step %s: correct trajectories' tool-error ratio %.3f before selection, %.3f kept; positives "
             "kept %d of %d, negatives kept %d of %d; groups dropped %d of %d",
-            step if step is not None else "-", stats.get("all_pos/tool_error_ratio", float("nan")),
-            stats.get("kept_pos/tool_error_ratio", float("nan")), int(stats["positives_kept"]),
-            int(stats["positives"]), int(stats["negatives_kept"]), int(stats["negatives"]),
-            int(stats["groups_dropped"]), int(stats["groups"]),
+            step if step is not None else "-",
+            stats.get("all_pos/tool_error_ratio", float("nan")),
+            stats.get("kept_pos/tool_error_ratio", float("nan")),
+            int(stats["positives_kept"]),
+            int(stats["positives"]),
+            int(stats["negatives_kept"]),
+            int(stats["negatives"]),
+            int(stats["groups_dropped"]),
+            int(stats["groups"]),
         )
 
     @torch.no_grad()
@@ -291,6 +302,11 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
             experience.info["roc/rollouts"] = torch.tensor([float(total.rollouts)])
         logger.info(
             "RoC (%s): %d groups of %d rollouts, kept %d x %d, dropped %d",
-            self.sampler.name, total.groups, rollouts, total.kept, keep, total.dropped,
+            self.sampler.name,
+            total.groups,
+            rollouts,
+            total.kept,
+            keep,
+            total.dropped,
         )
         return kept_all, consumed_all, exhausted

@@ -80,7 +80,11 @@ class TrajectoryLog:
         with self.path.open("a", encoding="utf-8") as handle:
             for experience, chosen in zip(experiences, kept, strict=True):
                 record = trajectory_record(experience)
-                record["metadata"] = {**(record.get("metadata") or {}), "step": step, "kept": bool(chosen),
-                                      "backend": "openrlhf"}
+                record["metadata"] = {
+                    **(record.get("metadata") or {}),
+                    "step": step,
+                    "kept": bool(chosen),
+                    "backend": "openrlhf",
+                }
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         return step

@@ -1,0 +1,224 @@
+"""``rstar-env bench serve``: what serving the env costs, side by side with the env in-process, in one run.
+
+The same episodes two ways, at each concurrency (1, 16 and 64 sessions by default), the two ways interleaved per
+concurrency so machine load hits them alike:
+
+* **server**: ``rstar-env serve env`` started as a subprocess, each session an OpenEnv ``GenericEnvClient`` over
+  ``/ws`` (the client a trainer would use);
+* **in-process**: ``MathToolEnv`` instances in this process sharing one python tool and one reward plugin, stepped
+  with ``astep`` on rstar-env's loop.
+
+An episode is a reset, two steps with a python tool call each (the sandbox runs them) and a step with the final
+answer, as a short rStar2-Agent episode. Reported per way: steps per second (steps over the wall time of the whole
+concurrency level), the p50 / p99 latency of one step (reset excluded) and the p50 of each kind of step (a tool
+call waits for the sandbox; an answer only for the verifier, milliseconds): the overall p50 of a mix of two kinds
+says little on its own. The ratio is server p50 over in-process p50.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import click
+
+_CALL = '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a} * {b})"}}}}\n</tool_call>'
+_READY = "rstar-env serve: listening on http://"
+
+
+STEPS = ("call", "call", "answer")
+"""The kinds of the steps of one episode, in order."""
+
+
+def _episode(i: int) -> tuple[dict[str, str], list[str]]:
+    a, b = 3 + i % 11, 17 + i % 13
+    row = {"problem": f"What is {a} * {b}?", "answer": str(a * b)}
+    return row, [_CALL.format(a=a, b=b), _CALL.format(a=a, b=b + 1), f"<answer>\\boxed{{{a * b}}}</answer>"]
+
+
+def _summary(latencies: list[tuple[str, float]], wall_s: float, rewards: list[float]) -> dict[str, Any]:
+    ordered = sorted(seconds for _, seconds in latencies)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    kinds = {kind: 1e3 * statistics.median([s for k, s in latencies if k == kind]) for kind in sorted(set(STEPS))}
+    return {
+        "steps": len(ordered),
+        "steps_per_s": len(ordered) / wall_s,
+        "p50_ms": 1e3 * statistics.median(ordered),
+        "p99_ms": 1e3 * p99,
+        "p50_ms_by_kind": kinds,
+        "mean_reward": statistics.fmean(rewards) if rewards else 0.0,
+    }
+
+
+class _Server:
+    def __init__(self, max_sessions: int) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "rstar_env.cli",
+            "serve",
+            "env",
+            "--port",
+            "0",
+            "--max-sessions",
+            str(max_sessions),
+        ]
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if line.startswith(_READY):
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(300) or self.proc.poll() is not None:
+            self.stop()
+            raise click.ClickException(f"the server did not start:\n{''.join(self.lines)[-2000:]}")
+        line = next(line for line in self.lines if line.startswith(_READY))
+        self.url = "http://" + line.strip()[len(_READY) :]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+async def _through_server(url: str, sessions: int, episodes: int) -> dict[str, Any]:
+    from openenv.core.generic_client import GenericEnvClient
+
+    latencies: list[tuple[str, float]] = []
+    rewards: list[float] = []
+
+    async def session(k: int) -> None:
+        async with GenericEnvClient(base_url=url, message_timeout_s=300) as env:
+            for e in range(episodes):
+                row, actions = _episode(k * episodes + e)
+                await env.reset(**row)
+                for kind, action in zip(STEPS, actions, strict=True):
+                    start = time.perf_counter()
+                    result = await env.step({"text": action})
+                    latencies.append((kind, time.perf_counter() - start))
+                rewards.append(float(result.reward or 0.0))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(session(k) for k in range(sessions)))
+    return _summary(latencies, time.perf_counter() - start, rewards)
+
+
+async def _in_process(plugins: tuple[Any, Any], sessions: int, episodes: int) -> dict[str, Any]:
+    from rstar_env.env import MathToolEnv
+
+    tool, reward = plugins
+    latencies: list[tuple[str, float]] = []
+    rewards: list[float] = []
+
+    async def session(k: int) -> None:
+        env = MathToolEnv(tools=[tool], reward=reward)
+        try:
+            for e in range(episodes):
+                row, actions = _episode(k * episodes + e)
+                await env.areset(options=row)
+                for kind, action in zip(STEPS, actions, strict=True):
+                    start = time.perf_counter()
+                    _, step_reward, *_ = await env.astep(action)
+                    latencies.append((kind, time.perf_counter() - start))
+                rewards.append(float(step_reward))
+        finally:
+            await env.aclose()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(session(k) for k in range(sessions)))
+    return _summary(latencies, time.perf_counter() - start, rewards)
+
+
+def run(concurrency: tuple[int, ...] = (1, 16, 64), episodes: int = 4) -> dict[str, Any]:
+    """Measure both ways at each concurrency; returns ``{"levels": [{sessions, server, in_process, ratio}], ...}``."""
+    from rstar_env import aio
+    from rstar_env.plugins import load_reward, load_tool
+
+    tool, reward = load_tool("python"), load_reward("math")
+    server = _Server(max(concurrency))
+    try:
+        # Warm up both: the server's pool and imports, this process's pool and reward workers.
+        asyncio.run(_through_server(server.url, 2, 2))
+        aio.run_sync(_in_process((tool, reward), 2, 2))
+        levels = []
+        for sessions in concurrency:
+            through = asyncio.run(_through_server(server.url, sessions, episodes))
+            local = aio.run_sync(_in_process((tool, reward), sessions, episodes))
+            levels.append(
+                {
+                    "sessions": sessions,
+                    "server": through,
+                    "in_process": local,
+                    "p50_ratio_server_over_in_process": through["p50_ms"] / local["p50_ms"],
+                }
+            )
+    finally:
+        server.stop()
+        aio.run_sync(tool.aclose())
+        aio.run_sync(reward.aclose())
+    return {"episodes_per_session": episodes, "steps_per_episode": len(STEPS), "cpus": os.cpu_count(), "levels": levels}
+
+
+@click.command(name="serve")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(min=1),
+    multiple=True,
+    default=(1, 16, 64),
+    show_default=True,
+    help="Concurrent sessions (repeat for several levels).",
+)
+@click.option(
+    "--episodes", type=click.IntRange(min=1), default=4, show_default=True, help="Episodes per session at each level."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def command(concurrency: tuple[int, ...], episodes: int, as_json: bool) -> None:
+    """Steps/s and p50/p99 step latency through `rstar-env serve env` vs the env in-process, side by side."""
+    try:
+        import openenv  # noqa: F401
+    except ImportError:
+        raise click.ClickException("bench serve needs the serve extra: pip install 'rstar-env[serve]'") from None
+    result = run(tuple(concurrency), episodes)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{episodes} episodes per session, {len(STEPS)} steps each ({', '.join(STEPS)}); {result['cpus']} CPUs")
+    click.echo(
+        f"{'sessions':>8}  {'way':<10} {'steps/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'p50 call':>9} "
+        f"{'p50 answer':>10} {'reward':>6}"
+    )
+    for level in result["levels"]:
+        for name in ("server", "in_process"):
+            row = level[name]
+            kinds = row["p50_ms_by_kind"]
+            click.echo(
+                f"{level['sessions']:>8}  {name:<10} {row['steps_per_s']:>8.1f} {row['p50_ms']:>8.2f} "
+                f"{row['p99_ms']:>8.2f} {kinds['call']:>9.2f} {kinds['answer']:>10.2f} "
+                f"{row['mean_reward']:>6.2f}"
+            )
+        click.echo(f"{'':>8}  p50 server / in-process: {level['p50_ratio_server_over_in_process']:.2f}x")

@@ -1,0 +1,359 @@
+"""``rstar-env serve env``: the env as an OpenEnv environment server.
+
+Wire format (the OpenEnv protocol: ``{"type": "reset" | "step" | "state" | "close", "data": ...}`` over ``/ws``):
+
+- reset ``data``: ``{"problem": str, "answer": str[, "id": str]}``, or nothing (or only ``seed``) to draw from the
+  configured dataset (the same ``seed`` draws the same problem as ``MathToolEnv.reset(seed=...)``);
+- step ``data`` (:class:`MathToolAction`): ``{"text": str}``, one assistant turn with hermes tool calls inside, or
+  ``{"token_ids": [...]}`` (decoded with the server's ``--model`` tokenizer; ``text`` may come too);
+- the observation (:class:`MathToolObservation`): ``text`` (the prompt after reset, the feedback to append after a
+  step), ``token_ids`` (the same text as the model's template renders it, when the server has a tokenizer: a client
+  that appends these ids never re-tokenizes), ``info`` (``turn``, ``end_reason``, ``tool_calls`` with each call's
+  outcome, ``reward_reason`` and, at the end, the whole ``trajectory``), ``reward`` and ``done``.
+
+One WebSocket session holds one env (one episode at a time); every session borrows the server's tools and reward
+plugin (:class:`~rstar_env.serve.resources.Resources`), so all share one warm sandbox pool. A closed or dropped
+session closes its env, which ends its episode and its stateful sandbox session. Episodes step on the server's own
+event loop: sandboxes and plugins bind to no loop (:mod:`rstar_env.aio`), and a hop to rstar-env's background loop
+would cost two thread switches per step for nothing.
+
+OpenEnv's own HTTP ``/reset`` and ``/step`` build a fresh env per request, which cannot hold a multi-turn episode.
+Here they keep one by id: ``/reset`` returns ``info.episode_id`` and ``/step`` takes it back (``{"action": ...,
+"episode_id": ...}``); a ``/step`` without a known id is answered 409 with a message that names ``/ws``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Body, FastAPI, HTTPException
+from openenv.core.env_server import Action, Environment, Observation, State
+from openenv.core.env_server.http_server import HTTPEnvServer
+from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata, ServerCapacityStatus
+from pydantic import Field, ValidationError, model_validator
+
+from rstar_env import ENV_ID, __version__
+from rstar_env.env import MathToolEnv
+from rstar_env.serve.resources import Resources
+
+RESET_KEYS = frozenset({"problem", "answer", "id", "max_episode_steps"})
+"""What a reset may carry besides ``seed`` and ``episode_id``."""
+
+
+class MathToolAction(Action):
+    """One assistant turn: its ``text``, or its ``token_ids`` (decoded by the server's tokenizer), or both (the
+    ids are then recorded as what the policy generated, and ``text`` is what is parsed)."""
+
+    text: str | None = Field(default=None, description="The assistant's turn, hermes <tool_call> blocks inside.")
+    token_ids: list[int] | None = Field(default=None, description="The turn's token ids, as the policy generated.")
+    logprobs: list[float] | None = Field(default=None, description="The sampling log-probs of token_ids.")
+
+    @model_validator(mode="after")
+    def _one_given(self) -> MathToolAction:
+        if self.text is None and self.token_ids is None:
+            raise ValueError('an action is {"text": str} or {"token_ids": [int, ...]}; neither was given')
+        if self.logprobs is not None and (self.token_ids is None or len(self.logprobs) != len(self.token_ids)):
+            raise ValueError("logprobs come with token_ids, one per token")
+        return self
+
+
+class MathToolObservation(Observation):
+    """What the env says back; see the module docstring."""
+
+    text: str = Field(default="", description="Prompt (after reset) or feedback (after a step) to append.")
+    token_ids: list[int] | None = Field(default=None, description="text's ids in the model's template, if known.")
+    info: dict[str, Any] = Field(default_factory=dict, description="turn, end_reason, tool_calls, episode_id, ...")
+
+
+class MathToolState(State):
+    """The session's episode: its id, steps, problem id, turn and how it ended (``None`` while it runs)."""
+
+    problem_id: str | None = None
+    end_reason: str | None = None
+    done: bool = False
+
+
+class MathToolEnvironment(Environment[MathToolAction, MathToolObservation, MathToolState]):
+    """One session's env: a :class:`~rstar_env.env.MathToolEnv` on the server's shared plugins."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, resources: Resources) -> None:
+        super().__init__()
+        self.resources = resources
+        cfg = resources.config
+        self.env = MathToolEnv(
+            tools=resources.tools, reward=resources.reward, config=cfg, tokenizer=resources.tokenizer
+        )
+        self._rng: np.random.Generator | None = None
+        self._state = MathToolState()
+
+    # -- OpenEnv API -------------------------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> MathToolObservation:
+        from rstar_env import aio
+
+        return aio.run_sync(self.reset_async(seed=seed, episode_id=episode_id, **kwargs))
+
+    async def reset_async(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> MathToolObservation:
+        unknown = set(kwargs) - RESET_KEYS
+        if unknown:
+            raise ValueError(
+                f"unknown reset field(s) {sorted(unknown)}: a reset takes problem, answer, id, seed, "
+                "episode_id and max_episode_steps"
+            )
+        options = {key: value for key, value in kwargs.items() if value is not None}
+        if "problem" not in options:
+            options = {**self._draw(seed), **options}
+        prompt, _ = await self.env.areset(seed=seed, options=options)
+        traj = self.env.trajectory
+        assert traj is not None
+        self._state = MathToolState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, problem_id=traj.id)
+        return MathToolObservation(
+            text=prompt,
+            token_ids=traj.prompt_token_ids,
+            done=False,
+            reward=None,
+            info={"episode_id": self._state.episode_id, "turn": 0, "end_reason": None, "problem_id": traj.id},
+        )
+
+    def step(self, action: MathToolAction, timeout_s: float | None = None, **kwargs: Any) -> MathToolObservation:
+        from rstar_env import aio
+
+        return aio.run_sync(self.step_async(action))
+
+    async def step_async(
+        self, action: MathToolAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> MathToolObservation:
+        text = action.text
+        if text is None:
+            tokenizer = self.resources.tokenizer
+            if tokenizer is None:
+                raise ValueError(
+                    'a {"token_ids": [...]} action needs the server to know the model\'s tokenizer: '
+                    'start it with --model, or send {"text": ...}'
+                )
+            text = tokenizer.decode(action.token_ids, skip_special_tokens=False)
+        feedback, reward, terminated, truncated, info = await self.env.astep(
+            text, token_ids=action.token_ids, logprobs=action.logprobs
+        )
+        traj = info["trajectory"]
+        turn = traj.turns[-1]
+        done = bool(terminated or truncated)
+        self._state.step_count += 1
+        self._state.end_reason, self._state.done = traj.end_reason, done
+        out: dict[str, Any] = {
+            "episode_id": self._state.episode_id,
+            "turn": info["turn"],
+            "end_reason": traj.end_reason,
+            "terminated": bool(terminated),
+            "truncated": bool(truncated),
+            "tool_calls": [
+                {"name": call.name, "error": call.result.error, "duration_s": call.result.duration_s}
+                for call in turn.tool_calls
+            ],
+        }
+        if done:
+            result = traj.reward_result
+            out.update(
+                reward_reason=None if result is None else result.reason,
+                extracted=None if result is None else result.extracted,
+                error=traj.error,
+                trajectory=traj.to_dict(),
+            )
+        return MathToolObservation(
+            text=feedback,
+            token_ids=None if done else turn.feedback_token_ids,
+            done=done,
+            reward=float(reward),
+            info=out,
+        )
+
+    @property
+    def state(self) -> MathToolState:
+        return self._state
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        tools = ", ".join(self.env.tools) or "none"
+        return EnvironmentMetadata(
+            name=ENV_ID,
+            version=__version__,
+            description=f"rstar-env: math problems solved with tools ({tools}), scored by the "
+            f"{self.env.reward_fn.name!r} reward plugin",
+        )
+
+    def close(self) -> None:
+        """End the episode (and its stateful sandbox session); the shared plugins stay open."""
+        self.env.close()
+
+    # -- internals ---------------------------------------------------------------------------------------------------
+    def _draw(self, seed: int | None) -> dict[str, Any]:
+        """A row of the configured dataset, drawn the way ``MathToolEnv.reset(seed=...)`` draws one."""
+        dataset = self.resources.dataset
+        if dataset is None or len(dataset) == 0:
+            raise ValueError("this server has no dataset to draw from: send reset with problem and answer")
+        if seed is not None or self._rng is None:
+            self._rng = np.random.default_rng(seed)
+        row = dataset[int(self._rng.integers(len(dataset)))]
+        return row.to_dict() if hasattr(row, "to_dict") else dict(row)
+
+
+class HttpEpisodes:
+    """Episodes driven over plain HTTP, kept by id between ``/reset`` and ``/step``: at most ``max_episodes``, each
+    closed when it ends, when it has been idle ``idle_s`` seconds, or at shutdown."""
+
+    def __init__(self, factory: Any, max_episodes: int, idle_s: float | None) -> None:
+        self.factory = factory
+        self.max_episodes = max_episodes
+        self.idle_s = idle_s
+        self.episodes: dict[str, tuple[MathToolEnvironment, float]] = {}
+        self.busy: set[str] = set()  # episodes with a step running: an env takes one step at a time
+        self._lock = asyncio.Lock()
+
+    async def reset(self, data: dict[str, Any]) -> dict[str, Any]:
+        await self.reap()
+        episode_id = str(data.pop("episode_id", None) or uuid.uuid4().hex)
+        async with self._lock:
+            old = self.episodes.pop(episode_id, None)
+            if old is None and len(self.episodes) >= self.max_episodes:
+                raise HTTPException(
+                    503,
+                    f"{len(self.episodes)} HTTP episodes are open, the most this server keeps "
+                    "(--max-sessions); finish or abandon some, or use /ws",
+                )
+        env = old[0] if old is not None else await asyncio.to_thread(self.factory)
+        try:
+            obs = await env.reset_async(episode_id=episode_id, **data)
+        except Exception:
+            await _close(env)
+            raise
+        async with self._lock:
+            self.episodes[episode_id] = (env, time.monotonic())
+        return _response(obs)
+
+    async def step(self, episode_id: str | None, action: dict[str, Any]) -> dict[str, Any]:
+        await self.reap()
+        if not episode_id or episode_id not in self.episodes:
+            what = "no episode_id" if not episode_id else f"no open episode {episode_id!r}"
+            raise HTTPException(
+                409,
+                f"HTTP /step got {what}. Multi-turn episodes run over the WebSocket /ws "
+                "(OpenEnv's EnvClient / GenericEnvClient); over HTTP, send the episode_id that "
+                "/reset returned (observation.info.episode_id) with each /step. Episodes are "
+                "closed when they end or sit idle.",
+            )
+        try:
+            parsed = MathToolAction.model_validate(action)
+        except ValidationError as exc:
+            raise HTTPException(422, exc.errors(include_url=False, include_context=False)) from None
+        if episode_id in self.busy:
+            raise HTTPException(409, f"episode {episode_id!r} is still running a step; send one step at a time")
+        env, _ = self.episodes[episode_id]
+        self.busy.add(episode_id)
+        try:
+            obs = await env.step_async(parsed)
+        except ValueError as exc:  # a token-id action on a text-only server
+            raise HTTPException(422, str(exc)) from None
+        finally:
+            self.busy.discard(episode_id)
+        if obs.done:
+            async with self._lock:
+                self.episodes.pop(episode_id, None)
+            await _close(env)
+        else:
+            self.episodes[episode_id] = (env, time.monotonic())
+        return _response(obs)
+
+    def state(self, episode_id: str | None) -> dict[str, Any]:
+        if not episode_id or episode_id not in self.episodes:
+            raise HTTPException(
+                409,
+                "GET /state needs ?episode_id= of an open HTTP episode; a /ws session asks "
+                'with a {"type": "state"} message',
+            )
+        return self.episodes[episode_id][0].state.model_dump()
+
+    async def reap(self) -> None:
+        if self.idle_s is None:
+            return
+        now = time.monotonic()
+        async with self._lock:
+            stale = [key for key, (_, seen) in self.episodes.items() if now - seen > self.idle_s]
+            envs = [self.episodes.pop(key)[0] for key in stale]
+        for env in envs:
+            await _close(env)
+
+    async def close_all(self) -> None:
+        async with self._lock:
+            envs = [env for env, _ in self.episodes.values()]
+            self.episodes.clear()
+        for env in envs:
+            await _close(env)
+
+
+async def _close(env: MathToolEnvironment) -> None:
+    await asyncio.to_thread(env.close)
+
+
+def _response(obs: MathToolObservation) -> dict[str, Any]:
+    return {
+        "observation": obs.model_dump(exclude={"reward", "done", "metadata"}),
+        "reward": obs.reward,
+        "done": obs.done,
+    }
+
+
+def add_env_routes(app: FastAPI, resources: Resources, *, max_sessions: int, idle_s: float | None) -> HttpEpisodes:
+    """Mount the OpenEnv routes (``/ws``, ``/health``, ``/schema``, ``/metadata``), ``/capacity`` and the by-id
+    HTTP ``/reset``, ``/step`` and ``/state`` on ``app``; returns the HTTP episodes (closed by the caller)."""
+    factory = functools.partial(MathToolEnvironment, resources)
+    server = HTTPEnvServer(
+        factory,
+        MathToolAction,
+        MathToolObservation,
+        # Idle /ws sessions are closed by the Guard (the socket too), not by OpenEnv's reaper,
+        # which would close the env and leave the socket open on it.
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions),
+    )
+    episodes = HttpEpisodes(factory, max_sessions, idle_s)
+
+    # Registered before OpenEnv's routes of the same paths, so these answer (Starlette takes the first match).
+    @app.post("/reset", tags=["Environment Control"], summary="Start an HTTP episode (kept by id)")
+    async def http_reset(body: Annotated[dict[str, Any] | None, Body()] = None) -> dict[str, Any]:
+        try:
+            return await episodes.reset(dict(body or {}))
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+
+    @app.post("/step", tags=["Environment Control"], summary="Step an HTTP episode by its id")
+    async def http_step(body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        action = body.get("action")
+        if not isinstance(action, dict):
+            raise HTTPException(422, 'a /step body is {"action": {"text": ...}, "episode_id": ...}')
+        return await episodes.step(body.get("episode_id"), action)
+
+    @app.get("/state", tags=["State Management"], summary="The state of an HTTP episode")
+    async def http_state(episode_id: str | None = None) -> dict[str, Any]:
+        return episodes.state(episode_id)
+
+    @app.get("/capacity", tags=["Health"], summary="Sessions open and allowed")
+    async def capacity() -> dict[str, Any]:
+        status = server.get_capacity_status()
+        return {
+            **ServerCapacityStatus.from_counts(status.active_sessions, status.max_sessions).model_dump(),
+            "available_slots": status.available_slots,
+            "http_episodes": len(episodes.episodes),
+        }
+
+    server.register_routes(app)
+    app.state.openenv_server = server
+    return episodes
+
+
+__all__ = ["MathToolAction", "MathToolEnvironment", "MathToolObservation", "MathToolState", "add_env_routes"]

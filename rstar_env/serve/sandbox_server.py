@@ -1,0 +1,182 @@
+"""``rstar-env serve sandbox``: the sandbox behind SandboxFusion's API, so verl's ``sandbox_fusion`` tool and the
+``sandbox-fusion`` client (``run_code``, ``run_jupyter``) work against it unchanged.
+
+- ``POST /run_code`` (``RunCodeRequest`` -> ``RunCodeResponse``): ``language: "python"`` only; any other language
+  is refused with ``status: "SandboxError"`` and a message that says so (the sandbox runs Python). ``run_timeout``
+  is capped by the python tool's limit; ``memory_limit_MB`` and ``compile_timeout`` are accepted and the server's own
+  limits hold. ``files`` / ``fetch_files`` must be empty (refused otherwise). As with SandboxFusion's
+  ``python file.py``, a last bare expression is not echoed.
+- ``POST /run_jupyter`` (``RunJupyterRequest`` -> ``RunJupyterResponse``): the stateful form the API has. The
+  cells run one after another in one sandbox session (variables persist between cells), closed at the end; a last
+  bare expression is echoed into the cell's ``stdout``, and a failing cell stops the run.
+
+Outcomes map onto SandboxFusion's: ``ok`` -> ``Success`` / ``Finished`` / return code 0; an exception -> ``Failed`` /
+``Finished`` / 1 (``sys.exit(n)``: n); a timeout -> ``Failed`` / ``TimeLimitExceeded``; a crash or the output limit
+-> ``Failed`` / ``Finished`` / 137, the reason in ``message``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from rstar_env.sandbox import ExecResult
+from rstar_env.serve.resources import Resources, on_background
+
+_SYSTEM_EXIT = re.compile(r"^SystemExit: (-?\d+)$")
+KILLED = 137
+"""The return code reported for a process the sandbox stopped (crash, output limit), as a shell reports SIGKILL."""
+
+
+class RunCodeRequest(BaseModel):
+    """SandboxFusion's ``/run_code`` request; unknown fields (``memory_limit_MB``, ...) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    code: str
+    language: str = "python"
+    stdin: str | None = None
+    run_timeout: float = 10
+    compile_timeout: float = 10
+    files: dict[str, str | None] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+
+class CommandRunResult(BaseModel):
+    status: Literal["Finished", "Error", "TimeLimitExceeded"]
+    execution_time: float | None = None
+    return_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+class RunCodeResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str = ""
+    compile_result: CommandRunResult | None = None
+    run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+class RunJupyterRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    cells: list[str]
+    cell_timeout: float = 0
+    total_timeout: float = 45
+    kernel: str = "python3"
+    files: dict[str, str] = Field(default_factory=dict)
+    fetch_files: list[str] = Field(default_factory=list)
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]] = Field(default_factory=list)
+    error: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RunJupyterResponse(BaseModel):
+    status: Literal["Success", "Failed", "SandboxError"]
+    message: str = ""
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def refusal(request: RunCodeRequest | RunJupyterRequest) -> str | None:
+    """Why this server will not run ``request``, or ``None``."""
+    language = getattr(request, "language", None)
+    if language is not None and language != "python":
+        return f"language {language!r} is not supported: rstar-env's sandbox runs Python only (send language 'python')"
+    kernel = getattr(request, "kernel", None)
+    if kernel is not None and kernel != "python3":
+        return f"kernel {kernel!r} is not supported: rstar-env's sandbox runs the python3 kernel only"
+    if request.files or request.fetch_files:
+        return "files and fetch_files are not supported by rstar-env's sandbox: send them empty"
+    return None
+
+
+def run_result(result: ExecResult) -> tuple[CommandRunResult, str]:
+    """SandboxFusion's view of one execution, and the message."""
+    message = result.message or ""
+    if result.status == "timeout":
+        return CommandRunResult(
+            status="TimeLimitExceeded", execution_time=result.duration_s, stdout=result.stdout, stderr=result.stderr
+        ), message
+    if result.status == "ok":
+        code = 0
+    elif result.status == "exception":
+        exit_code = _SYSTEM_EXIT.match(message)
+        code = int(exit_code.group(1)) if exit_code else 1
+    else:  # crash, output_limit: the sandbox stopped the process
+        code = KILLED
+        message = message or result.status
+    return CommandRunResult(
+        status="Finished",
+        execution_time=result.duration_s,
+        return_code=code,
+        stdout=result.stdout,
+        stderr=result.stderr,
+    ), message
+
+
+def add_sandbox_routes(app: FastAPI, resources: Resources) -> None:
+    """Mount ``/run_code`` and ``/run_jupyter`` on ``app``, on ``resources``' sandbox."""
+    cap = resources.python_timeout_s
+
+    @app.post("/run_code", response_model=RunCodeResponse, tags=["SandboxFusion"])
+    async def run_code(request: RunCodeRequest) -> RunCodeResponse:
+        refused = refusal(request)
+        if refused is not None:
+            return RunCodeResponse(status="SandboxError", message=refused)
+        timeout = min(max(float(request.run_timeout), 0.001), cap)
+        # SandboxFusion runs `python file.py`, which echoes nothing: end on a statement, not a bare expression.
+        result = await on_background(
+            resources.sandbox.execute(request.code + "\npass\n", stdin=request.stdin or "", timeout_s=timeout)
+        )
+        run, message = run_result(result)
+        ok = run.status == "Finished" and run.return_code == 0
+        return RunCodeResponse(status="Success" if ok else "Failed", message=message, run_result=run)
+
+    @app.post("/run_jupyter", response_model=RunJupyterResponse, tags=["SandboxFusion"])
+    async def run_jupyter(request: RunJupyterRequest) -> RunJupyterResponse:
+        refused = refusal(request)
+        if refused is not None:
+            return RunJupyterResponse(status="SandboxError", message=refused)
+        sandbox, session = resources.sandbox, f"jupyter-{uuid.uuid4().hex}"
+        start, cells, status = time.monotonic(), [], "Success"
+        driver_status: Literal["Finished", "TimeLimitExceeded"] = "Finished"
+        try:
+            for code in request.cells:
+                left = float(request.total_timeout) - (time.monotonic() - start)
+                if left <= 0:
+                    status, driver_status = "Failed", "TimeLimitExceeded"
+                    break
+                timeout = min(left, cap, float(request.cell_timeout) or cap)
+                result = await on_background(sandbox.execute(code, session=session, timeout_s=timeout))
+                cell = CellRunResult(stdout=result.stdout, stderr=result.stderr)
+                if result.status != "ok":
+                    name, _, value = (result.message or result.status).partition(": ")
+                    cell.error.append({"ename": name, "evalue": value, "traceback": result.stderr.splitlines()})
+                    status = "Failed"
+                    driver_status = "TimeLimitExceeded" if result.status == "timeout" else driver_status
+                cells.append(cell)
+                if result.status != "ok":
+                    break
+        finally:
+            await on_background(sandbox.close_session(session))
+        driver = CommandRunResult(
+            status=driver_status, execution_time=time.monotonic() - start, return_code=0 if status == "Success" else 1
+        )
+        return RunJupyterResponse(status=status, driver=driver, cells=cells)  # type: ignore[arg-type]
+
+
+__all__ = ["RunCodeRequest", "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "add_sandbox_routes"]

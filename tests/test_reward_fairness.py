@@ -1,0 +1,131 @@
+"""The ``math`` reward's worker pool under a burst of pathological answers (issue 34, finding 5).
+
+``5^{5^{5^k}}`` makes math-verify run to its timeout (sympy builds the power), and answers its worker's timer and
+the preemption signal. Before the fair queue, 14 such answers ahead of a correct one on 2 workers held the queue
+for longer than ``reward_timeout_s=20``: the correct answer and the last slow ones ended ``env_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from rstar_env.testing import aplay, make_env
+from rstar_plugins.rewards import MathReward
+from rstar_plugins.rewards.pool import VerifierPool
+
+
+def tower(k: int) -> str:
+    return f"5^{{5^{{5^{{{k}}}}}}}"
+
+
+@pytest.fixture
+def shared_reward() -> Iterator[MathReward]:
+    reward = MathReward(workers=2, cache_size=0)  # timeout_s=3.0, the default
+    # The scenario is about the queue: start-up (seconds, more on a loaded machine) is paid before it.
+    reward.start(wait=True)
+    yield reward
+    reward.close()
+
+
+def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: MathReward) -> None:
+    envs = [make_env(tools=[], reward=shared_reward, reward_timeout_s=20) for _ in range(15)]
+    answers = [tower(k) for k in range(5, 19)] + ["\\frac{x^2-1}{x-1}"]
+    golds = ["5"] * 14 + ["x+1"]
+
+    async def episode(env: object, pred: str, gold: str, delay: float) -> object:
+        await asyncio.sleep(delay)  # the correct answer is queued last, behind every slow one
+        return await aplay(env, [f"<answer>\\boxed{{{pred}}}</answer>"], problem="p", answer=gold)
+
+    async def run_all() -> list:
+        return await asyncio.gather(
+            *(
+                episode(env, pred, gold, 0.2 if gold == "x+1" else 0.0)
+                for env, pred, gold in zip(envs, answers, golds, strict=True)
+            )
+        )
+
+    try:
+        trajectories = asyncio.run(run_all())
+    finally:
+        for env in envs:
+            env.close()
+    outcomes = [(t.end_reason, t.reward, t.reward_result.reason if t.reward_result else None) for t in trajectories]
+    *slow, correct = outcomes
+    assert correct[:2] == ("answer", 1.0), outcomes
+    assert slow == [("answer", 0.0, "timeout")] * 14, outcomes  # scored 0 with their reason, never env_error
+    # First come, the correct answer waited 7 rounds of two slow answers at 2.5 s each (17.5 s, whatever the load);
+    # now it waits their probes (0.5 s each).
+    assert trajectories[-1].duration_s < 12, trajectories[-1].duration_s
+
+
+def test_an_idle_pool_runs_a_slow_comparison_to_its_timeout() -> None:
+    # Nothing waits, so nothing preempts it: the same verdict and cost as a pool without a fair queue.
+    with VerifierPool(workers=1, timeout_s=1.5) as pool:
+        pool.start(wait=True)
+        start = time.monotonic()
+        code, detail = pool.run(tower(5), True, "5")
+        elapsed = time.monotonic() - start
+    assert code == "timeout" and "took longer than" in detail, detail
+    assert 1.0 < elapsed < 2.5, elapsed
+
+
+def test_an_untried_comparison_overtakes_slow_ones_and_every_slow_one_ends_in_time() -> None:
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:  # latency_s: 4 x 1.5 = 6 s
+        pool.start(wait=True)
+        start = time.monotonic()
+        # One request each, as episodes score their answers.
+        requests = [[(f"\\boxed{{{tower(k)}}}", "5")] for k in range(5, 9)] + [[("\\boxed{x+1}", "1+x")]]
+        futures = [future for request in requests for future in pool.submit(request)]
+        done_at: dict[int, float] = {}
+        for i, future in enumerate(futures):
+            future.add_done_callback(lambda _, i=i: done_at.__setitem__(i, time.monotonic() - start))
+        verdicts = [future.result(timeout=30) for future in futures]
+        time.sleep(0.05)  # the done callbacks run in the dispatcher thread
+    *slow, fast = verdicts
+    assert fast == ("verified", ""), verdicts
+    # Behind 4 slow answers it waited their probes (~0.25 s each), not their timeouts (4 x 1.2 s first-come).
+    assert done_at[4] < 3.0, done_at
+    assert [code for code, _ in slow] == ["timeout"] * 4, verdicts
+    assert max(done_at[i] for i in range(4)) < pool.latency_s + 1.0, done_at
+    # More slow answers than the worker had room for within latency_s: those end as congestion timeouts.
+    assert any("while other answers waited" in detail for _, detail in slow), slow
+
+
+def test_within_one_request_the_order_is_first_come() -> None:
+    # A trainer's batch: its caller waits for all of it, so a slow comparison there is never cut short.
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:
+        pool.start(wait=True)
+        slow, fast = pool.run_many([(f"\\boxed{{{tower(5)}}}", "5"), ("\\boxed{x+1}", "1+x")])
+    assert slow[0] == "timeout" and "took longer than" in slow[1], slow
+    assert fast == ("verified", "")
+
+
+def test_a_cancelled_comparison_is_never_run() -> None:
+    with VerifierPool(workers=1, timeout_s=1.5) as pool:
+        pool.start(wait=True)
+        busy = pool.submit([(f"\\boxed{{{tower(5)}}}", "5")])[0]
+        time.sleep(0.2)  # the worker has the slow one; the next waits in the queue
+        waiting = pool.submit([("\\boxed{x+1}", "1+x")])[0]
+        assert waiting.cancel()  # its caller gave up (the env's own limit): the workers never see it
+        assert busy.result(timeout=10)[0] == "timeout"
+        assert waiting.cancelled()
+        assert pool.run("x+2", True, "2+x") == ("verified", "")  # the queue goes on
+
+
+def test_workers_that_cannot_start_are_a_system_failure_not_a_score(monkeypatch) -> None:
+    # env_error stays for real failures: a broken install is never scored 0 (nor waited on forever).
+    monkeypatch.setattr("rstar_plugins.rewards.pool._WORKER_MODULE", "rstar_plugins.rewards._no_such_worker")
+    reward = MathReward(workers=1, cache_size=0)
+    env = make_env(tools=[], reward=reward, reward_timeout_s=30)
+    try:
+        with pytest.raises(RuntimeError, match=r"math-verify worker .* exited"):
+            reward.score_sync("<answer>\\boxed{x+1}</answer>", "1+x")
+        trajectory = asyncio.run(aplay(env, ["<answer>\\boxed{x+2}</answer>"], problem="p", answer="2+x"))
+        assert trajectory.end_reason == "env_error" and "math-verify worker" in (trajectory.error or "")
+    finally:
+        env.close()
+        reward.close()
