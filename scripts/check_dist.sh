@@ -140,7 +140,8 @@ for requirement in md.requires("rstar-env") or ():
     if found:
         extra_of.setdefault(re.sub(r"[-.]+", "_", found[1]).lower(), found[2])
 # Modules these extras bring under another name, or through their own dependencies.
-extra_of.update({"e2b": extra_of.get("e2b_code_interpreter", "e2b"), "deepspeed": "openrlhf", "vllm": "openrlhf"})
+extra_of.update({"e2b": extra_of.get("e2b_code_interpreter", "e2b"), "deepspeed": "openrlhf", "vllm": "openrlhf",
+                 "openenv": extra_of.get("openenv_core", "serve")})
 
 def missing_extra(exc: BaseException) -> str | None:
     """The extra whose absence explains the failure, if that is all it is."""
