@@ -472,7 +472,10 @@ def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path,
         )
         try:
             deadline = time.monotonic() + 240
-            while "step 2: rollouts" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            # Both arms past their first step: an arm still loading its model has nothing to checkpoint.
+            while time.monotonic() < deadline and proc.poll() is None:
+                if all(f"{arm}/0 step 2: rollouts" in log.read_text() for arm in ("grpo", "roc")):
+                    break
                 time.sleep(0.2)
             assert proc.poll() is None, log.read_text()
             os.killpg(proc.pid, signal.SIGINT)
@@ -484,5 +487,5 @@ def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path,
     assert "Traceback" not in text and "interrupted" in text, text
     started = [d for d in out.iterdir() if d.name.endswith("-seed0")]
     assert sorted(d.name for d in started) == ["grpo-seed0", "roc-seed0"]
-    assert all((d / "checkpoints" / "latest").exists() for d in started)  # saved on the way out
+    assert all((d / "checkpoints" / "latest").exists() for d in started), text  # saved on the way out
     assert not any((out / f"{arm}-seed{seed}").exists() for arm in ("grpo", "roc") for seed in (1, 2))
