@@ -140,6 +140,29 @@ def test_summary_says_where_things_are_and_before_after():
     assert len(held_out_line("held-out before RL", worst)) <= 100
 
 
+def test_summary_gives_the_paired_held_out_gain_with_its_interval():
+    from rstar_trainers.local.progress import paired_gain
+
+    before = {"pass@1": 0.5, "rewards": [0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]}
+    after = {"pass@1": 0.75, "rewards": [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0]}
+    # differences 1,0,0,0,1,0,0,1: mean 0.375, sd 0.5175, t(0.975, 7) = 2.3646 -> half-width 0.4327
+    expected = "  pass@1 change +0.375, 95% CI [-0.058, +0.808], paired over 8 held-out episodes"
+    assert paired_gain(before, after) == expected
+    lines = summary_lines(
+        model=None,
+        run_dir="r",
+        eval_before=before,
+        eval_after=after,
+        eval_path=None,
+        seconds=1,
+        peak_gib=1,
+        steps=1,
+    )
+    assert paired_gain(before, after) in lines
+    assert paired_gain(before, {"rewards": [1.0]}) is None  # reports of other problems do not pair
+    assert paired_gain({"pass@1": 0.5}, after) is None  # an older report without rewards
+
+
 @pytest.mark.slow
 def test_train_shows_progress_the_table_and_the_summary(tmp_path):
     """`rstar-env train` with the real model (1 RL step, held-out before and after), its output as a log shows it."""

@@ -770,7 +770,9 @@ def test_the_timeout_counts_from_the_start_and_the_wait_is_reported_apart(sandbo
 @pytest.fixture(scope="module")
 def default_sandbox() -> Iterator[LocalSandbox]:
     isolation = os.environ.get("RSTAR_TEST_SANDBOX_ISOLATION", "auto")
-    box = LocalSandbox(timeout_s=5.0, isolation=isolation)  # default concurrency: many more calls than cores
+    # Default concurrency: many more calls than cores. Each open session reserves memory_mb of pool_memory_mb: these
+    # budgets hold the 16 sessions of test_sleeping_calls_overlap whatever this machine's memory.
+    box = LocalSandbox(timeout_s=5.0, isolation=isolation, memory_mb=512, pool_memory_mb=17 * 512)
     start_or_skip(box)
     yield box
     box.close()
@@ -959,7 +961,10 @@ print(written >> 20)
 
 
 def test_sessions_together_hold_no_more_than_the_pool_budget() -> None:
-    box = LocalSandbox(timeout_s=8.0, max_concurrency=3, spares=1, preload=(), warmup=None, pool_memory_mb=600)
+    # memory_mb=None: no session is bounded, so none is refused (see the next test); the pool's cgroup alone holds.
+    box = LocalSandbox(
+        timeout_s=8.0, max_concurrency=3, spares=1, preload=(), warmup=None, memory_mb=None, pool_memory_mb=600
+    )
     start_or_skip(box)
     try:
         skip_without_cgroups()
@@ -969,6 +974,77 @@ def test_sessions_together_hold_no_more_than_the_pool_budget() -> None:
         alive = [run(box.execute("print(len(held) >> 20)", session=f"s{i}")) for i in range(3)]
         holding = sum(r.ok and r.stdout == "250\n" for r in alive)
         assert holding * 250 <= 600, (results, alive)
+    finally:
+        box.close()
+
+
+PARK_FILES = """
+import os
+block = b"\\x01" * (1 << 20)
+for i in range(6):  # 300 MiB, half in /dev/shm and half in /tmp, each file below max_file_mb
+    with open(os.path.join(("/dev/shm", "/tmp")[i % 2], f"parked{i}"), "wb") as f:
+        for _ in range(50):
+            f.write(block)
+print("parked")
+"""
+# In a session, the last call's 300 MiB goes before the next is made.
+ORDINARY_CALL = "held = None\nheld = b'\\x01' * (300 << 20)\nprint(len(held) >> 20)"
+
+
+@pytest.mark.parametrize("innocent_session", [None, "episode"])
+def test_idle_sessions_parking_files_do_not_get_an_innocent_call_killed(innocent_session: str | None) -> None:
+    """Finding 34.4: three idle sessions each parked 300 MiB in their private /dev/shm and /tmp (memory charged to
+    the pool, to no process's RSS); another episode's ordinary 300 MiB call, fine alone, was then the one the OOM
+    killer ended, three times in three (memory_mb=512, pool_memory_mb=1024). The innocent call is stateless, or
+    made in a session that was open before the squatters came."""
+    box = LocalSandbox(
+        timeout_s=8.0, max_concurrency=4, spares=1, preload=(), warmup=None, memory_mb=512, pool_memory_mb=1024
+    )
+    start_or_skip(box)
+    try:
+        alone = run(box.execute(ORDINARY_CALL, session=innocent_session))
+        assert (alone.status, alone.stdout) == ("ok", "300\n"), alone
+        if innocent_session:
+            assert run(box.execute("del held", session=innocent_session)).ok
+        squatters = [run(box.execute(PARK_FILES, session=f"squatter-{i}")) for i in range(3)]
+        for squat in squatters:  # each holds its files, or was refused saying which budgets to change
+            refused = squat.status == "crash" and squat.stdout == "" and "pool_memory_mb=1024" in (squat.message or "")
+            assert refused or (squat.status, squat.stdout) == ("ok", "parked\n"), squat
+        innocent = [run(box.execute(ORDINARY_CALL, session=innocent_session)) for _ in range(3)]
+        assert all((r.status, r.stdout) == ("ok", "300\n") for r in innocent), (innocent, squatters)
+    finally:
+        box.close()
+
+
+def test_a_refused_session_gets_room_once_another_ends() -> None:
+    """A session refused for want of pool memory is not locked out: closing a session, or a call that ends its
+    worker (a timeout, a crash), gives its room back; so does a session whose worker died between calls, once it
+    is next called (and told that it crashed)."""
+    box = LocalSandbox(
+        timeout_s=2.0, max_concurrency=2, spares=1, preload=(), warmup=None, memory_mb=256, pool_memory_mb=512
+    )
+    start_or_skip(box)
+
+    def opens(name: str) -> bool:
+        result = run(box.execute("print('in')", session=name))
+        assert result.stdout == "in\n" or (result.status == "crash" and "memory_mb" in (result.message or "")), result
+        return result.ok
+
+    try:
+        assert opens("a") and not opens("b")
+        run(box.close_session("a"))
+        assert opens("b") and not opens("c")
+        assert run(box.execute("while True:\n    pass", session="b", timeout_s=0.5)).status == "timeout"
+        assert opens("c") and not opens("d")
+        killed = run(box.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", session="c"))
+        assert killed.status == "crash", killed
+        assert opens("d") and not opens("e")
+        zygote = box.pool.zygote_pid()
+        assert zygote is not None
+        os.kill(zygote, signal.SIGKILL)  # every worker dies with it, the session "d" between its calls
+        lost = run(box.execute("print('in')", session="d"))
+        assert lost.status == "crash", lost
+        assert opens("e")
     finally:
         box.close()
 

@@ -72,6 +72,31 @@ def test_kl_and_entropy_terms():
     assert parts.loss.item() == pytest.approx(0.1 * k3 - 0.01 * 2.0, abs=1e-7)
 
 
+def test_token_weights_scale_each_clipped_term_and_carry_no_gradient():
+    # The by-hand case of test_clipped_loss_by_hand, each kept token weighted (truncated importance sampling).
+    logp = torch.log(torch.tensor([[0.5, 0.4, 0.9], [0.2, 0.3, 0.3]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.25, 0.4, 0.1], [0.4, 0.3, 0.3]]))
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([1.0, -2.0])
+    weights = torch.tensor([[0.5, 2.0, 50.0], [1.5, 7.0, 7.0]], requires_grad=True)  # masked tokens: any weight
+    kwargs = {"total_tokens": 3, "clip_low": 0.2, "clip_high": 0.28}
+    parts = clipped_policy_loss(logp, old, adv, mask, token_weights=weights, **kwargs)
+    # per token as before (-1.28, -1.0, 1.6), times its weight; the clip count is unweighted
+    assert parts.loss.item() == pytest.approx((-1.28 * 0.5 - 1.0 * 2.0 + 1.6 * 1.5) / 3, rel=1e-6)
+    assert parts.policy == pytest.approx(parts.loss.item())
+    assert parts.clip_fraction == pytest.approx(2 / 3)
+    parts.loss.backward()
+    assert weights.grad is None  # detached: the weights are constants of the step
+    # d/dlogp of -A * w * ratio on the one unclipped token (seq 0, t1): -1 * 2.0 * 1.0 / 3
+    assert logp.grad[0, 1].item() == pytest.approx(-2.0 / 3, rel=1e-6)
+    assert logp.grad[0, 2].item() == 0.0 and logp.grad[1, 1].item() == 0.0  # masked, whatever the weight
+
+    plain = clipped_policy_loss(logp.detach(), old, adv, mask, **kwargs)
+    ones = clipped_policy_loss(logp.detach(), old, adv, mask, token_weights=torch.ones(2, 3), **kwargs)
+    assert plain.loss.item() == pytest.approx((-1.28 - 1.0 + 1.6) / 3, rel=1e-6)  # None: the unweighted loss
+    assert torch.equal(ones.loss, plain.loss)
+
+
 def traj(reward: float, errors: int, calls: int = 2) -> Trajectory:
     tool_calls = [
         ToolCall("r", "python", {}, ToolResult("x", "exception" if i < errors else None)) for i in range(calls)

@@ -168,7 +168,9 @@ async def _mixed_scenario(backend: str) -> tuple[float, bool]:
 
 
 async def _sessions_scenario(backend: str) -> tuple[float, bool]:
-    async with create_sandbox(backend, timeout_s=5.0) as box:
+    # Each open local session reserves memory_mb of the pool (docs/security.md): 16 small ones, on any machine.
+    budgets = {"memory_mb": 256, "pool_memory_mb": 17 * 256} if backend == "local" else {}
+    async with create_sandbox(backend, timeout_s=5.0, **budgets) as box:
         await _warm(box)
         start = time.perf_counter()
         results = await asyncio.gather(*(box.execute(SLEEP_CODE, session=f"s{i}") for i in range(16)))

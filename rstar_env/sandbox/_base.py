@@ -22,6 +22,12 @@ from ..runtime import runtime
 from . import ExecResult, SandboxError, _client
 
 
+class SessionRefused(SandboxError):
+    """Raised by a backend's ``_spawn(session=True)`` when it has no room for another session; the message says
+    why and what to change. The session's call then returns ``crash`` with that message, having run nothing, and
+    the session's next call asks again."""
+
+
 @dataclass
 class _Session:
     """A named session: its worker, and a ticket queue that runs its calls one at a time in submission order
@@ -56,7 +62,8 @@ class ThreadedSandbox(abc.ABC):
     made (a session call runs even if its caller is cancelled, to keep that order). A call that ends its worker
     (a timeout, the output limit, a crash) ends the session's state: the next call starts a fresh interpreter. If
     the worker died *between* calls, the next call returns ``crash`` ("its state is lost") without running, and
-    the call after it starts a fresh interpreter.
+    the call after it starts a fresh interpreter. A backend with no room for another session (``local``: see its
+    ``pool_memory_mb``) refuses it: the call returns ``crash`` saying why, without running (:class:`SessionRefused`).
     """
 
     def __init__(
@@ -291,7 +298,10 @@ class ThreadedSandbox(abc.ABC):
             return ExecResult("", "", "crash", lost, queue_s=time.monotonic() - submitted)
         for attempt in range(2):
             if state.worker is None:
-                state.worker = self._spawn(session=True)
+                try:
+                    state.worker = self._spawn(session=True)
+                except SessionRefused as refused:
+                    return ExecResult("", "", "crash", str(refused), queue_s=time.monotonic() - submitted)
             worker = state.worker
             outcome = _client.run_call(worker, code=code, stdin=stdin, **limits)
             if not outcome.worker_alive:

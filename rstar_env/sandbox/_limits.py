@@ -42,7 +42,17 @@ class Limits:
     max_files: int | None = 256
     max_file_mb: int | None = 64
     tmp_mb: int = 256
-    """Size of the worker's private ``/tmp`` (and working directory) and of its ``/dev/shm``: memory-backed."""
+    """Size of the worker's private ``/tmp`` (and working directory) and of its ``/dev/shm``: memory-backed. Each
+    is cut to half of ``memory_mb`` (:attr:`tmpfs_mb`)."""
+
+    @property
+    def tmpfs_mb(self) -> int:
+        """The size each of ``/tmp`` and ``/dev/shm`` is mounted with: ``tmp_mb``, but the two together never more
+        than ``memory_mb``, so what a worker can park in files fits its own budget even where no cgroup counts it
+        (a session's reservation of the pool is ``memory_mb``)."""
+        if self.memory_mb is None:
+            return self.tmp_mb
+        return max(1, min(self.tmp_mb, self.memory_mb // 2))
 
     def apply(self) -> None:
         """Set the limits on the calling process (soft = hard, so user code cannot raise them back)."""

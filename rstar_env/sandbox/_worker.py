@@ -186,7 +186,7 @@ def prepare(
     with contextlib.suppress(OSError):
         os.setsid()
     if private_mounts:
-        _limits.private_namespaces(limits.tmp_mb, network=network, tmp_binds=tmp_binds or (), max_ptys=max_ptys)
+        _limits.private_namespaces(limits.tmpfs_mb, network=network, tmp_binds=tmp_binds or (), max_ptys=max_ptys)
         if expose_paths:
             _limits.expose_interpreter(expose_paths)
     os.mkdir(workdir, 0o700)

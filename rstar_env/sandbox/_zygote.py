@@ -223,7 +223,7 @@ class Zygote:
 
         def namespaces(tmp_mb: int | None = None) -> None:
             _limits.private_namespaces(
-                self.limits.tmp_mb if tmp_mb is None else tmp_mb,
+                self.limits.tmpfs_mb if tmp_mb is None else tmp_mb,
                 network=self.network,
                 tmp_binds=self.tmp_binds,
                 max_ptys=self.max_ptys,

@@ -13,6 +13,9 @@ How a call runs::
   no capabilities, a seccomp filter); see ``docs/security.md``.
 * Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``,
   stopped (SIGSTOP) and frozen (cgroup freezer) between calls so nothing of it runs while it is not called.
+  Each open session reserves ``memory_mb`` of ``pool_memory_mb`` and ``memory_mb`` stays free for calls: a session
+  that does not fit is refused (its call returns ``crash`` saying so), so what idle sessions hold can never get
+  another episode's call within ``memory_mb`` killed.
 * No call's code, stdin, report or output is ever read by the zygote (whose memory every later worker is a fork
   of): they travel between the caller and the worker in memfds and pipes that the zygote passes on unread.
 * The zygote, not the worker, tells the caller that a call is over, and only when every process of the call is
@@ -99,7 +102,16 @@ class LocalSandbox(_base.ThreadedSandbox):
       memory and its ``/tmp`` included, where a cgroup can be had; else an address-space limit per process (2048).
       ``pool_memory_mb``: memory of all workers together (half of what this process may use).
       ``cpu_s``: CPU seconds per call, counting every process the call starts (timeout + 1).
-      ``tmp_mb``: size of each worker's private ``/tmp`` (256, in memory; counted in ``memory_mb``).
+      ``tmp_mb``: size of each worker's private ``/tmp`` and of its ``/dev/shm`` (256 each, in memory; counted in
+      ``memory_mb``, and each cut to half of it, so that a worker's files always fit its own budget).
+    * Sessions and the pool's memory: each open session reserves ``memory_mb`` (all it may hold while idle, files
+      in ``/tmp`` and ``/dev/shm`` included) out of ``pool_memory_mb``, and ``memory_mb`` is always left for calls,
+      so at most ``(pool_memory_mb - memory_mb) // memory_mb`` sessions are open at once. A session that would not
+      fit is refused: its call returns ``crash`` with a message naming both options, having run nothing, and its
+      next call asks again. Closing a session, or a call that ends its worker (timeout, crash, output limit),
+      gives the reservation back. Guarantee: a call that stays within ``memory_mb`` is never the one killed
+      because of what idle sessions hold. Concurrent *running* calls share what sessions leave, unreserved.
+      With ``memory_mb=None`` nothing is reserved or refused (nothing bounds a session).
     * ``max_output_bytes``: stdout + stderr kept per call (1 MiB); more is ``output_limit``.
     * ``max_processes``, ``max_files``, ``max_file_mb``: RLIMIT_NPROC / NOFILE / FSIZE per worker.
     * ``preload``: modules the zygote imports (:data:`DEFAULT_PRELOAD`); ``warmup``: code it runs after.

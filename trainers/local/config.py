@@ -5,7 +5,17 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from rstar_env.config import ConfigError, RunConfig, validation_error_message
 from rstar_trainers.hyperparams import RLHyperparameters
@@ -120,7 +130,14 @@ class LocalTrainerConfig(RLHyperparameters):
     logprob_gap: bool = False
     """Each step, also run a teacher-forced pass on the kept trajectories and log how far the sampler's log-probs
     are from it (``logprob_gap/mean_abs``, ``logprob_gap/outside_clip``: share of tokens whose ratio is outside
-    ``1 + clip_high``). Costs one more forward pass per step; only at temperature 1 without top-p."""
+    ``1 + clip_high``). Costs one more forward pass per step; only at temperature 1 without top-p. A rollout
+    engine that is not the trained model itself (``policy.engine: vllm``) logs these every step regardless."""
+    tis_cap: float | None = None
+    """Truncated importance sampling (verl, TRL): multiply each generated token's policy-gradient term by
+    ``min(exp(trainer_logp - sampler_logp), tis_cap)``, the trainer's teacher-forced log-prob of the old weights
+    against the rollout engine's, to correct for their numerical mismatch; logs ``tis/weight_mean`` and
+    ``tis/capped_share``. Unset (the default): no correction. Costs the teacher-forced pass on the transformers
+    engine; only at temperature 1 without top-p, where both log-probs are of the same distribution."""
     output_dir: str = "runs/local"
     seed: int = 0
 
@@ -165,6 +182,26 @@ class LocalTrainerConfig(RLHyperparameters):
     the policy being trained; 0 is greedy)."""
     save_model: bool = True
     """Save the final weights in Hugging Face format under ``output_dir/model`` (loadable by ``rstar-env eval``)."""
+
+    @field_validator("tis_cap")
+    @classmethod
+    def _tis_cap_positive(cls, value: float | None) -> float | None:
+        if value is not None and not value > 0:
+            raise ValueError(
+                f"tis_cap must be above 0 (the largest importance weight a token may get, e.g. 2), got {value}; "
+                "leave it unset for no correction"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _tis_needs_untempered_sampling(self) -> LocalTrainerConfig:
+        if self.tis_cap is not None and (self.temperature != 1.0 or self.top_p != 1.0):
+            raise ValueError(
+                f"tis_cap needs temperature 1 and top_p 1 (got {self.temperature} and {self.top_p}): otherwise the "
+                "sampler's log-probs are of the tempered or truncated distribution and the weights would correct "
+                "that, not the engine's mismatch; unset tis_cap or sample at temperature 1 without top-p"
+            )
+        return self
 
 
 def trainer_config(run: RunConfig, *, force_local: bool = False, **overrides: Any) -> LocalTrainerConfig:

@@ -58,27 +58,35 @@ def evaluate_model(
     device: str = "cpu",
     dtype: str = "float32",
     on_done: Callable[[int, int], None] | None = None,
-) -> tuple[dict[str, float], list[Trajectory]]:
-    """Roll ``model`` out on ``rows`` in ``run``'s env (its tools, reward, turns) and summarise tool use; the model
-    is put in eval mode and left there. ``on_done(done, total)`` as each episode ends (progress)."""
+    engine: Any = None,
+) -> tuple[dict[str, Any], list[Trajectory]]:
+    """Roll ``model`` out on ``rows`` in ``run``'s env (its tools, reward, turns) and summarise tool use (with
+    ``rewards``: every episode's reward, in the order of ``rows``, so that two reports on the same rows pair up);
+    the model is put in eval mode and left there. ``on_done(done, total)`` as each episode ends (progress).
+    ``engine``: a policy holding ``model``'s weights already (the trainer's vLLM engine) to generate with instead
+    of our own loop; it samples with this call's settings, and its own are restored afterwards."""
     model.eval()
-    policy = TransformersPolicy(
-        model,
-        tokenizer=tokenizer,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        sampling=SamplingParams(temperature, 1.0, max_new_tokens, seed),
-    )
+    sampling = SamplingParams(temperature, 1.0, max_new_tokens, seed)
+    if engine is None:
+        policy = TransformersPolicy(
+            model, tokenizer=tokenizer, batch_size=batch_size, device=device, dtype=dtype, sampling=sampling
+        )
+    else:
+        policy, kept = engine, engine.sampling
+        policy.sampling = sampling
     jobs = jobs_for(rows, samples)
     env = MathToolVectorEnv(
         min(width, len(jobs)), config=run, tokenizer=tokenizer, max_length=max_response_tokens, length_unit="tokens"
     )
     try:
-        trajectories = asyncio.run(collect_reporting(policy, jobs, env, on_done))
+        trajectories = asyncio.run(collect_reporting(policy, jobs, env, on_done, seed=seed))
     finally:
         env.close()
-    return tool_use_summary(trajectories), trajectories
+        if engine is not None:
+            engine.sampling = kept
+    rewards = [float(t.reward or 0.0) for t in trajectories]
+    report: dict[str, Any] = {**tool_use_summary(trajectories), "rewards": rewards}
+    return report, trajectories
 
 
 async def collect_reporting(
@@ -117,7 +125,8 @@ def record_held_out(
     if path.exists():
         return None
     report = evaluate()
-    logger.log({"step": step, **{f"{name}/{k}": v for k, v in report.items()}}, step)
+    figures = {f"{name}/{k}": v for k, v in report.items() if isinstance(v, int | float)}  # not the rewards list
+    logger.log({"step": step, **figures}, step)
     logger.flush()
     path.write_text(json.dumps(report, indent=2))
     if on_eval is not None:

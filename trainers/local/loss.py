@@ -52,13 +52,17 @@ def clipped_policy_loss(
     kl_coef: float = 0.0,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
 ) -> LossParts:
     """The token-level PPO-clip loss with clip-higher.
 
-    Per token: ``max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``. Tokens are averaged over the
-    whole mini-batch (``total_tokens`` action tokens across all its micro-batches), so every token weighs the same
-    whatever its sequence's length, and gradient accumulation over micro-batches is exact. ``mask`` is 1 on tokens
-    the policy generated: prompt and tool output never enter the loss. ``advantages`` is per sequence ``[B]``.
+    Per token: ``w * max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))``, ``w`` being
+    ``token_weights`` (shaped like ``logp``, detached here; the truncated importance-sampling weights of the
+    sampler against the trainer) or 1 where ``None``. Tokens are averaged over the whole mini-batch
+    (``total_tokens`` action tokens across all its micro-batches), so every token counts once whatever its
+    sequence's length, and gradient accumulation over micro-batches is exact. ``mask`` is 1 on tokens the policy
+    generated: prompt and tool output never enter the loss, whatever their weight. ``advantages`` is per sequence
+    ``[B]``. ``clip_fraction`` counts clipped tokens, unweighted; the KL and entropy terms are unweighted.
     """
     mask = mask.to(logp.dtype)
     adv = advantages[:, None].to(logp.dtype)
@@ -66,6 +70,8 @@ def clipped_policy_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
     policy = (per_token * mask).sum() / total_tokens
     loss = policy
     kl_value = torch.zeros(())

@@ -265,8 +265,26 @@ def summary_lines(
             if before is None and after is None:
                 continue
             lines.append(f"  {key:<26}{_cell(before):>8}{_cell(after):>8}")
+        gain = paired_gain(eval_before, eval_after)
+        if gain is not None:
+            lines.append(gain)
     lines.append(f"steps:            {steps}   total time {_seconds(seconds)}   peak memory {peak_gib:.2f} GiB")
     return lines
+
+
+def paired_gain(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:
+    """The held-out pass@1 change with its 95% t-interval, paired episode by episode (both reports roll out the
+    same problems with the same seeds, so each episode's difference is one observation); ``None`` without both
+    reports' ``rewards`` of one length."""
+    from rstar_trainers.local.compare import t_interval
+
+    a, b = (before or {}).get("rewards"), (after or {}).get("rewards")
+    if not a or not b or len(a) != len(b):
+        return None
+    mean, low, high = t_interval([y - x for x, y in zip(a, b, strict=True)])
+    if low != low:  # one episode: no spread to estimate
+        return f"  pass@1 change {mean:+.3f} over {len(a)} held-out episodes (no interval)"
+    return f"  pass@1 change {mean:+.3f}, 95% CI [{low:+.3f}, {high:+.3f}], paired over {len(a)} held-out episodes"
 
 
 _SHORT = {

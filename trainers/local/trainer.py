@@ -196,6 +196,9 @@ class LocalTrainer:
         """Roll the current weights out once on each held-out problem (``eval_dataset``) with the training
         limits and ``eval_temperature``; the report of :func:`~rstar_trainers.local.heldout.tool_use_summary`."""
         rows = list(load_dataset(dataset or self.cfg.eval_dataset))
+        vllm = self.separate_rollout_engine
+        if vllm:
+            self._sync_rollout_weights()
         report, _ = evaluate_model(
             self.model,
             self.tokenizer,
@@ -210,6 +213,7 @@ class LocalTrainer:
             device=self.cfg.device,
             dtype=self.cfg.dtype,
             on_done=self._reporter("held-out", "held-out episodes"),
+            engine=self.policy if vllm else None,
         )
         return report
 
@@ -229,6 +233,10 @@ class LocalTrainer:
         if note:
             print(note, flush=True)
         self._rollout_step = 0  # the weights it starts from (a resumed run's step differs: synced then)
+        self.separate_rollout_engine = chosen == "vllm"
+        """Whether rollouts come from a separate copy of the weights (vLLM: its own kernels and numerics) rather
+        than the trained model itself: :meth:`update` then takes the old policy from a teacher-forced pass and logs
+        the engine's log-prob mismatch."""
         if chosen == "vllm":
             folder = self.out / "rollout_weights"
             self.model.save_pretrained(folder)
@@ -246,7 +254,7 @@ class LocalTrainer:
     def _sync_rollout_weights(self) -> None:
         """Give a vLLM rollout engine the weights of this step (after an update or a resume); the transformers
         policy samples from the trained model itself and needs nothing."""
-        if self._rollout_step == self.step or not hasattr(self.policy, "update_weights"):
+        if self._rollout_step == self.step or not self.separate_rollout_engine:
             return
         folder = self.out / "rollout_weights"
         self.model.save_pretrained(folder)
@@ -323,20 +331,36 @@ class LocalTrainer:
         return samples, selection
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
-        """``updates_per_step`` optimizer steps over mini-batches of ``samples``."""
+        """``updates_per_step`` optimizer steps over mini-batches of ``samples``.
+
+        The old policy of the clipped ratio is the sampler's log-probs when our own loop sampled from the trained
+        model at temperature 1 without top-p; otherwise (a separate rollout engine, another temperature or top-p,
+        or ``tis_cap``) a teacher-forced pass of the trained model before any update. With a separate engine the
+        engine-against-trainer gap (``logprob_gap/*``) is logged every step; with ``tis_cap`` each generated
+        token's policy term is weighted by ``min(exp(old - sampler), tis_cap)`` (``tis/*`` metrics)."""
         self.model.train()
         order = np.random.default_rng([self.cfg.seed, self.step]).permutation(len(samples)).tolist()
         minibatches = [order[i :: self.cfg.updates_per_step] for i in range(self.cfg.updates_per_step)]
         gap: dict[str, float] = {}
+        tis: dict[str, float] = {}
+        weights: list[torch.Tensor] | None = None
+        untempered = self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0
+        # A separate engine's log-probs come from other kernels on another copy of the weights: taken as the old
+        # policy they would start the ratio away from 1 by that mismatch alone (verl #2953, TRL #4530).
+        forced_old = not untempered or self.separate_rollout_engine or self.cfg.tis_cap is not None
         with torch.no_grad():  # the old policy's log-probs, before any update of this step
-            if self.cfg.logprob_gap and self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0:
-                gap = logprob_gap(self._per_sample_logprobs(self.model, samples), samples, self.cfg.clip_high)
-            if self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0:
+            forced = None
+            if forced_old or (self.cfg.logprob_gap and untempered):
+                forced = self._per_sample_logprobs(self.model, samples)
+            if forced is not None and untempered:  # at another temperature the gap would measure the temperature
+                gap = logprob_gap(forced, samples, self.cfg.clip_high)
+            old = forced if forced_old else None
+            if old is None:
                 # Sampling at temperature 1 without top-p draws from the model's own distribution, so the sampler's
                 # log-probs are the old policy's (tests/test_rollout_local.py checks they match a forward pass).
                 old = [torch.tensor(s.logprobs[1:], device=self.cfg.device) for s in samples]
-            else:
-                old = self._per_sample_logprobs(self.model, samples)
+            if self.cfg.tis_cap is not None:
+                weights, tis = tis_weights(old, samples, self.cfg.tis_cap)
             ref = self._per_sample_logprobs(self.reference, samples) if self.reference is not None else None
         totals: dict[str, list[float]] = defaultdict(list)
         for batch in minibatches:
@@ -355,6 +379,7 @@ class LocalTrainer:
                     [old[i] for i in micro],
                     [ref[i] for i in micro] if ref else None,
                     total_tokens,
+                    [weights[i] for i in micro] if weights is not None else None,
                 )
                 parts.loss.backward()
                 for key in ("policy", "kl", "entropy", "clip_fraction"):
@@ -372,6 +397,7 @@ class LocalTrainer:
             "train/samples": float(len(samples)),
             "train/action_tokens": float(sum(sum(s.action_mask) for s in samples)),
             **gap,
+            **tis,
         }
 
     def _batch(self, samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -407,6 +433,7 @@ class LocalTrainer:
         old: Sequence[torch.Tensor],
         ref: Sequence[torch.Tensor] | None,
         total_tokens: int,
+        weights: Sequence[torch.Tensor] | None = None,
     ) -> Any:
         ids, attention, action = self._batch(samples)
         with autocast(self.cfg.dtype, self.cfg.device):
@@ -416,6 +443,7 @@ class LocalTrainer:
         width = logp.shape[1]
         old_t = torch.stack([_pad_to(o, width) for o in old])
         ref_t = torch.stack([_pad_to(r, width) for r in ref]) if ref else None
+        weights_t = torch.stack([_pad_to(w, width) for w in weights]).to(logp.device) if weights else None
         advantages = torch.tensor([s.advantage for s in samples], device=logp.device)
         return clipped_policy_loss(
             logp,
@@ -429,6 +457,7 @@ class LocalTrainer:
             kl_coef=self.cfg.kl_coef,
             entropy=entropy,
             entropy_coef=self.cfg.entropy_coef,
+            token_weights=weights_t,
         )
 
     def _save_trajectories(self, trajectories: Sequence[Trajectory]) -> None:
@@ -558,6 +587,34 @@ def logprob_gap(
         "logprob_gap/max_abs": float(delta.abs().max()),
         "logprob_gap/outside_clip": float((delta.abs() > bound).float().mean()),
         "logprob_gap/tokens": float(delta.numel()),
+    }
+
+
+def tis_weights(
+    trainer_logp: Sequence[torch.Tensor], samples: Sequence[Sample], cap: float
+) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """Truncated importance-sampling weights: per next-token position of each sample, ``min(exp(trainer -
+    sampler), cap)`` on generated tokens and 1 elsewhere (on ``trainer_logp``'s device, no gradient); with their mean
+    over generated tokens (``tis/weight_mean``) and the share of those whose raw weight exceeded ``cap``
+    (``tis/capped_share``)."""
+    weights: list[torch.Tensor] = []
+    kept: list[torch.Tensor] = []
+    capped: list[torch.Tensor] = []
+    for forced, sample in zip(trainer_logp, samples, strict=True):
+        device = forced.device
+        mask = torch.tensor(sample.action_mask[1:], dtype=torch.bool, device=device)
+        sampled = torch.tensor(sample.logprobs[1:], dtype=torch.float32, device=device)
+        raw = torch.exp(forced.detach().float() - sampled)
+        weight = torch.where(mask, raw.clamp(max=cap), torch.ones_like(raw))
+        weights.append(weight)
+        kept.append(weight[mask].cpu())
+        capped.append((raw[mask] > cap).cpu())
+    flat = torch.cat(kept) if kept else torch.empty(0)
+    if flat.numel() == 0:
+        return weights, {}
+    return weights, {
+        "tis/weight_mean": float(flat.mean()),
+        "tis/capped_share": float(torch.cat(capped).float().mean()),
     }
 
 
