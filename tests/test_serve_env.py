@@ -8,10 +8,8 @@ import asyncio
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,49 +22,24 @@ if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lowe
 psutil = pytest.importorskip("psutil")
 httpx = pytest.importorskip("httpx")
 
+from rstar_env.bench.serve import READY, ServerProcess  # noqa: E402  (after the skips: the serve extra)
+
 CALL = '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a} * {b})"}}}}\n</tool_call>'
-READY = "rstar-env serve: listening on http://"
 
 
-class Server:
-    """A ``rstar-env serve ...`` subprocess and the port it printed."""
+class Server(ServerProcess):
+    """A ``rstar-env serve ...`` subprocess (bench serve's launcher) and the processes it started."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        command = [sys.executable, "-m", "rstar_env.cli", "serve", *args, "--port", "0"]
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
-        )
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if line.startswith(READY):
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(240) or self.proc.poll() is not None:
-            self.proc.kill()
-            raise AssertionError(f"the server did not start: {''.join(self.lines)[-3000:]}")
-        line = next(line for line in self.lines if line.startswith(READY))
-        self.port = int(line.strip().rsplit(":", 1)[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(*args, env=env, start_timeout_s=240)
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
-    def stop(self) -> tuple[int, list[psutil.Process]]:
+    def stop(self, timeout_s: float = 60) -> tuple[int, list[psutil.Process]]:  # type: ignore[override]
         """SIGTERM; the exit status and the processes it had started that are still alive afterwards."""
         children = self.descendants()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
+        code = super().stop(timeout_s)
         _, alive = psutil.wait_procs(children, timeout=10)
         return code, alive
 

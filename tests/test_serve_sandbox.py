@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -20,40 +16,18 @@ httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
 sandbox_fusion = pytest.importorskip("sandbox_fusion")
 
-READY = "rstar-env serve: listening on http://"
+from rstar_env.bench.serve import ServerProcess  # noqa: E402  (after the skips: the serve extra)
 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rstar_env.cli", "serve", "sandbox", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith(READY):
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(240) or proc.poll() is not None:
-        proc.kill()
-        raise AssertionError(f"the server did not start: {''.join(lines)[-3000:]}")
-    port = int(next(line for line in lines if line.startswith(READY)).strip().rsplit(":", 1)[1])
-    yield f"http://127.0.0.1:{port}"
-    children = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0, "".join(lines)[-3000:]
+    server = ServerProcess("sandbox", start_timeout_s=240)
+    yield server.url
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    assert server.stop() == 0, server.output()[-3000:]
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, alive
-    assert "Traceback" not in "".join(lines), "".join(lines)[-3000:]
+    assert "Traceback" not in server.output(), server.output()[-3000:]
 
 
 def run(url: str, code: str, **fields) -> sandbox_fusion.RunCodeResponse:

@@ -31,7 +31,8 @@ from typing import Any
 import click
 
 _CALL = '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a} * {b})"}}}}\n</tool_call>'
-_READY = "rstar-env serve: listening on http://"
+READY = "rstar-env serve: listening on http://"
+"""What ``rstar-env serve`` prints, followed by ``host:port``, once it accepts connections."""
 
 
 STEPS = ("call", "call", "answer")
@@ -58,25 +59,19 @@ def _summary(latencies: list[tuple[str, float]], wall_s: float, rewards: list[fl
     }
 
 
-class _Server:
-    def __init__(self, max_sessions: int) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "rstar_env.cli",
-            "serve",
-            "env",
-            "--port",
-            "0",
-            "--max-sessions",
-            str(max_sessions),
-        ]
+class ServerProcess:
+    """A ``rstar-env serve ARGS --port 0`` subprocess, started and waited for: ``url`` and ``port`` come from the
+    line it prints once listening, ``lines`` is everything it printed. Raises ``RuntimeError`` with its last output
+    when it exits or stays silent for ``start_timeout_s``."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, start_timeout_s: float = 300) -> None:
+        command = [sys.executable, "-m", "rstar_env.cli", "serve", *args, "--port", "0"]
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.lines: list[str] = []
         ready = threading.Event()
@@ -85,24 +80,31 @@ class _Server:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 self.lines.append(line)
-                if line.startswith(_READY):
+                if line.startswith(READY):
                     ready.set()
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(300) or self.proc.poll() is not None:
-            self.stop()
-            raise click.ClickException(f"the server did not start:\n{''.join(self.lines)[-2000:]}")
-        line = next(line for line in self.lines if line.startswith(_READY))
-        self.url = "http://" + line.strip()[len(_READY) :]
+        if not ready.wait(start_timeout_s) or self.proc.poll() is not None:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"the server did not start:\n{self.output()[-3000:]}")
+        line = next(line for line in self.lines if line.startswith(READY))
+        self.url = "http://" + line.strip()[len(READY) :]
+        self.port = int(self.url.rsplit(":", 1)[1])
 
-    def stop(self) -> None:
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, timeout_s: float = 60) -> int:
+        """SIGTERM, then its exit status (SIGKILL after ``timeout_s``: a negative status)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                return self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        return self.proc.wait()
 
 
 async def _through_server(url: str, sessions: int, episodes: int) -> dict[str, Any]:
@@ -159,7 +161,10 @@ def run(concurrency: tuple[int, ...] = (1, 16, 64), episodes: int = 4) -> dict[s
     from rstar_env.plugins import load_reward, load_tool
 
     tool, reward = load_tool("python"), load_reward("math")
-    server = _Server(max(concurrency))
+    try:
+        server = ServerProcess("env", "--max-sessions", str(max(concurrency)))
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         # Warm up both: the server's pool and imports, this process's pool and reward workers.
         asyncio.run(_through_server(server.url, 2, 2))
