@@ -8,10 +8,14 @@ packages that extend it; a command module is imported only when that command run
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import os
-from typing import Any, NoReturn
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
@@ -31,6 +35,47 @@ def one_line(what: str, exc: BaseException) -> str:
         raise exc
     text = " ".join(str(exc).split()) or "(no message)"
     return f"{what}: {type(exc).__name__}: {text} (RSTAR_ENV_TRACEBACK=1 shows the traceback)"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises ``KeyboardInterrupt`` (see :func:`stops_on_sigterm`)."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stops_on_sigterm(command: F) -> F:
+    """Make SIGTERM stop a long-running command the way Ctrl-C does: while it runs (in the main thread), the first
+    SIGTERM raises :class:`Terminated`, a ``KeyboardInterrupt``, so the command's clean-stop path runs (a trainer
+    saves its checkpoint, an engine and its processes are shut down) instead of the process dying on the spot and
+    leaving its children behind. Later SIGTERMs are ignored while that path runs; SIGKILL still ends it at once.
+    Put it under the click decorators (it wraps the command's function)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # only the main thread can take signals
+            return command(*args, **kwargs)
+        fired = False
+
+        def on_sigterm(_signum: int, _frame: Any) -> None:
+            nonlocal fired
+            if not fired:
+                fired = True
+                raise Terminated("SIGTERM")
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return run  # type: ignore[return-value]
+
+
+def interrupted_status(exc: BaseException) -> int:
+    """The exit status of a command stopped by ``exc``: 143 (128 + SIGTERM) for :class:`Terminated`, else 130
+    (128 + SIGINT), as a shell reports a process that a signal ended."""
+    return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
 
 
 def _reinstall(who: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar_env import __version__
-from rstar_env._cli_util import CommandGroup, console
+from rstar_env._cli_util import CommandGroup, console, interrupted_status, stops_on_sigterm
 from rstar_env._cli_util import fail as _fail
 from rstar_env._cli_util import one_line as _one_line
 
@@ -280,6 +281,7 @@ def _build_policy(
     env: Any,
     native_tools: bool = True,
     engine: str = "transformers",
+    token_ids: bool = False,
 ) -> Any:
     if endpoints:
         from rstar_env.rollout.dispatch import endpoint_policy
@@ -288,7 +290,9 @@ def _build_policy(
         if not name:
             _fail("--endpoint needs the served model's name: --served-model NAME")
         try:
-            return endpoint_policy(env, endpoints, name, sampling=sampling, native_tools=native_tools)
+            return endpoint_policy(
+                env, endpoints, name, sampling=sampling, native_tools=native_tools, return_token_ids=token_ids
+            )
         except ValueError as exc:
             _fail(str(exc))
     from rstar_env.rollout.local import ModelNotFoundError, TransformersPolicy
@@ -332,6 +336,12 @@ _CAPACITY_HELP = (
     show_default=True,
     help="With --endpoint: send tool schemas as `tools=` (hermes parser) or describe them in the prompt.",
 )
+@click.option(
+    "--token-ids",
+    is_flag=True,
+    help="With --endpoint: record the sampled token ids and their log-probs in the trajectories (a vLLM server: "
+    "its `return_token_ids` and `logprobs`; `transformers serve` refuses them).",
+)
 @click.option("--dataset", default=None, help="Dataset source (default: the config's, else 'arithmetic').")
 @click.option("--config", "config", type=click.Path(dir_okay=False), help="Run config (env, tools, reward, dataset).")
 @click.option("--samples", "-k", default=1, show_default=True, help="Samples per problem (pass@1 is their mean).")
@@ -364,6 +374,7 @@ _CAPACITY_HELP = (
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Local model batch size.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@stops_on_sigterm
 def eval_command(
     model: str | None,
     endpoints: tuple[str, ...],
@@ -372,6 +383,7 @@ def eval_command(
     served_model: str | None,
     dataset: str | None,
     native_tools: bool,
+    token_ids: bool,
     config: str | None,
     samples: int,
     limit: int | None,
@@ -414,6 +426,8 @@ def eval_command(
         )
     except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
+    if token_ids and not (endpoints or cfg.inference.endpoints):
+        _fail("--token-ids goes with --endpoint (a local engine records token ids and log-probs anyway)")
     env_options: dict[str, Any] = {"config": cfg}
     if max_turns is not None:
         env_options["max_turns"] = max_turns
@@ -424,7 +438,9 @@ def eval_command(
         _fail(str(exc))
     specs = _endpoint_specs(cfg, endpoints, capacities, engine_concurrency)
     served_model = served_model or cfg.inference.served_model
-    policy = _build_policy(model, specs, served_model, sampling, batch_size, env, native_tools, cfg.policy.engine)
+    policy = _build_policy(
+        model, specs, served_model, sampling, batch_size, env, native_tools, cfg.policy.engine, token_ids
+    )
     if policy.tokenizer is not None:  # token-level truth: the env encodes prompt and feedback with the policy's
         for sub in env.envs:
             sub.tokenizer = policy.tokenizer
@@ -462,7 +478,10 @@ def eval_command(
             if isinstance(log, _ProgressLines):
                 log.update(done, rate + failed)
 
+        running: list[asyncio.Task[Any]] = []
+
         async def run() -> dict[str, Any]:
+            running.append(asyncio.current_task())  # type: ignore[arg-type]
             try:
                 return await evaluate(policy, rows, samples=samples, out=out, env=env, on_done=on_done, model=identity)
             finally:
@@ -473,6 +492,11 @@ def eval_command(
             summary = aio.run_sync(run())
         except EvalResumeError as exc:
             _fail(str(exc))
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the evaluation runs on in the runtime's loop
+            if running:  # cancel it, and wait for its cleanup (the engine and its processes shut down)
+                aio.run_sync(_cancel(running[0]))
+            console.print(f"[yellow]stopped: finished episodes are in {out}; the same command continues the run[/]")
+            raise SystemExit(interrupted_status(exc)) from None
         progress.update(task, completed=total)
         if isinstance(log, _ProgressLines):  # episodes resumed from --out count as done, as on the bar
             log.update(total, log.text)
@@ -505,6 +529,11 @@ def eval_command(
             "again to retry them.[/]"
         )
         sys.exit(1)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 _SAMPLING_KEYS = {
@@ -613,6 +642,7 @@ def _default_eval_out(identity: dict[str, str]) -> str:
 )
 @click.option("--max-turns", type=int, default=10, show_default=True)
 @click.option("--answer", "gold", default=None, help="A gold answer to score the final response against.")
+@stops_on_sigterm
 def chat(
     model: str | None,
     endpoints: tuple[str, ...],
@@ -794,6 +824,7 @@ def filter_hard_command(trajectories: tuple[str, ...], out: str, max_pass_rate: 
         "rollout": "rstar_env.bench.rollout:command",
         "generate": "rstar_env.bench.generate:command",
         "serve": "rstar_env.bench.serve:command",
+        "train": "rstar_env.bench.train:command",
     },
 )
 def bench() -> None:

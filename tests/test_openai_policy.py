@@ -272,6 +272,29 @@ def test_response_parsing():
     )
 
 
+def test_token_ids_and_logprobs_are_read_and_required_when_asked():
+    def payload(**choice):
+        return {"choices": [{"message": {"content": "ab"}, "finish_reason": "stop", **choice}]}
+
+    logprobs = {"content": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -1.25}]}
+    gen = OpenAIPolicy.parse_response(payload(token_ids=[7, 9], logprobs=logprobs), token_ids=True)
+    assert (gen.token_ids, gen.logprobs) == ([7, 9], [-0.5, -1.25])
+    # vLLM's return_tokens_as_token_ids: the ids are in the log-prob entries.
+    as_ids = {"content": [{"token": "token_id:7", "logprob": -0.5}, {"token": "token_id:9", "logprob": -1.25}]}
+    gen = OpenAIPolicy.parse_response(payload(logprobs=as_ids), token_ids=True)
+    assert (gen.token_ids, gen.logprobs) == ([7, 9], [-0.5, -1.25])
+    # Not asked and absent: none (both or neither); asked and absent, or not pairing up: an error naming the cause.
+    assert OpenAIPolicy.parse_response(payload(logprobs=logprobs)).token_ids is None
+    assert OpenAIPolicy.parse_response(payload(logprobs=logprobs)).logprobs is None
+    with pytest.raises(Exception, match="no token ids and log-probs"):
+        OpenAIPolicy.parse_response(payload(), token_ids=True)
+    with pytest.raises(Exception, match="2 token ids but 1 log-probs"):
+        OpenAIPolicy.parse_response(payload(token_ids=[7, 9], logprobs={"content": logprobs["content"][:1]}))
+    body = OpenAIPolicy("http://127.0.0.1:9/v1", "m", return_token_ids=True).build_body(Request(traj_with()))
+    assert body["logprobs"] is True and body["return_token_ids"] is True
+    assert "return_token_ids" not in OpenAIPolicy("http://127.0.0.1:9/v1", "m").build_body(Request(traj_with()))
+
+
 # -- failures ---------------------------------------------------------------------------------------------------------
 def test_retries_429_500_and_disconnect_then_succeeds(server):
     server.add(fault(429, retry_after=0.02), fault(500), disconnect(), fault(503), reply("done"))

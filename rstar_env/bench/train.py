@@ -1,0 +1,176 @@
+"""``rstar-env bench train``: a training job's wall time with each rollout engine, side by side in one run.
+
+Each engine runs the config's whole job (``rstar-env train``) in a child process, one after another, never at once
+(on a CPU they would share the cores), each in ``OUTPUT_DIR/ENGINE`` with ``policy.engine`` set to that engine. An
+SFT stage (a ``trainer.sft`` section) does not depend on the engine: the first engine trains it and the others
+start from a copy of its result, so its time is reported once and every engine's end-to-end time is
+``SFT + its own RL stage``. For each engine the table gives the RL stage's wall time (held-out evaluations
+included), the end-to-end time, the held-out pass@1 before and after RL, and the peak memory of the whole process
+tree (the trainer, its engine processes, sandbox and verifier workers), sampled every half second from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+ENGINES = ("transformers", "vllm")
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from ``/proc`` (Linux)."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the fields after it start past the last ')'.
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of ``root`` and all its descendants (0 once it is gone)."""
+    tree, total, todo = _children(), 0, [root]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+        todo.extend(tree.get(pid, ()))
+    return total
+
+
+def _held_out(path: Path) -> float | None:
+    try:
+        return float(json.loads(path.read_text())["pass@1"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def run_engine(config: dict[str, Any], engine: str, out: Path, sft_from: Path | None, log: Path) -> dict[str, Any]:
+    """One training job with ``policy.engine: engine`` in ``out``; timings, pass@1 and peak tree memory."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    config = {**config, "policy": {**(config.get("policy") or {}), "engine": engine}}
+    has_sft = bool((config.get("trainer") or {}).get("sft"))
+    if has_sft and sft_from is not None:
+        shutil.copytree(sft_from, out / "sft", symlinks=True)
+    path = out / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    command = [sys.executable, "-m", "rstar_env.cli", "train", "--config", str(path), "--output-dir", str(out)]
+    start = time.perf_counter()
+    sft_done_at = 0.0 if (not has_sft or sft_from is not None) else None
+    peak = 0
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                peak = max(peak, tree_rss_bytes(proc.pid))
+                if sft_done_at is None and (out / "sft" / "done.json").exists():
+                    sft_done_at = time.perf_counter() - start
+                time.sleep(0.5)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    total = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise click.ClickException(f"{engine}: `rstar-env train` exited with {proc.returncode}; its output: {log}")
+    sft_s = sft_done_at if sft_done_at is not None else 0.0
+    return {
+        "engine": engine,
+        "sft_s": sft_s,
+        "rl_s": total - sft_s,
+        "pass@1_before": _held_out(out / "eval_start.json"),
+        "pass@1_after": _held_out(out / "eval.json"),
+        "peak_tree_gib": peak / 2**30,
+    }
+
+
+def run(config_path: str, engines: tuple[str, ...], output_dir: Path) -> dict[str, Any]:
+    """Every engine's job, one after another; the SFT stage's time is the first engine's."""
+    config = yaml.safe_load(Path(config_path).read_text()) or {}
+    rows: list[dict[str, Any]] = []
+    sft_from: Path | None = None
+    for engine in engines:
+        out = output_dir / engine
+        click.echo(f"{engine}: training in {out} (log: {output_dir / (engine + '.log')})", err=True)
+        row = run_engine(config, engine, out, sft_from, output_dir / f"{engine}.log")
+        if sft_from is None and (out / "sft" / "done.json").exists():
+            sft_from = out / "sft"
+        rows.append(row)
+        click.echo(f"{engine}: RL stage {row['rl_s']:.0f} s, peak {row['peak_tree_gib']:.2f} GiB", err=True)
+    sft_s = rows[0]["sft_s"] if rows else 0.0
+    for row in rows:
+        row["sft_s"] = sft_s
+        row["end_to_end_s"] = sft_s + row["rl_s"]
+    return {"config": config_path, "sft_s": sft_s, "rows": rows}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def _pass(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@click.command("train")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), required=True)
+@click.option(
+    "--engine",
+    "engines",
+    type=click.Choice(ENGINES),
+    multiple=True,
+    help="Rollout engines, in this order [default: transformers vllm].",
+)
+@click.option(
+    "--output-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs/bench-train"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def command(config_path: str, engines: tuple[str, ...], output_dir: Path, as_json: bool) -> None:
+    """A training job's wall time with each rollout engine (SFT stage shared), side by side."""
+    engines = engines or ENGINES
+    if "vllm" in engines:
+        from rstar_env.rollout.vllm import VLLM_INSTALL_HINT, vllm_available
+
+        if not vllm_available():
+            raise click.ClickException(f"vLLM is not installed: {VLLM_INSTALL_HINT} (or leave it out: --engine)")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    result = run(config_path, tuple(engines), output_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{config_path}: SFT stage {_minutes(result['sft_s'])} (trained once, shared by every engine)")
+    click.echo("| engine | RL stage | end to end | held-out pass@1 before -> after | peak memory (tree) |")
+    click.echo("|---|---|---|---|---|")
+    for row in result["rows"]:
+        click.echo(
+            f"| {row['engine']} | {_minutes(row['rl_s'])} | {_minutes(row['end_to_end_s'])} | "
+            f"{_pass(row['pass@1_before'])} -> {_pass(row['pass@1_after'])} | {row['peak_tree_gib']:.2f} GiB |"
+        )
+    by_engine = {row["engine"]: row for row in result["rows"]}
+    if {"vllm", "transformers"} <= set(by_engine):
+        ratio = by_engine["transformers"]["end_to_end_s"] / by_engine["vllm"]["end_to_end_s"]
+        click.echo(f"vllm end to end: {ratio:.2f}x as fast as transformers")

@@ -1,0 +1,161 @@
+"""A guardian process that ends an in-process engine's child processes when this process dies, however it dies.
+
+vLLM runs its engine core (``VLLM::EngineCore``) and its workers (``VLLM::Worker``) as separate processes. They are
+shut down by ``AsyncLLM.shutdown`` or by vLLM's exit-time finalizers, neither of which runs when this process is
+killed (SIGKILL, or a SIGTERM that nothing handles); they ignore a SIGTERM of their own and keep gigabytes of memory
+alive, with nothing left to talk to. vLLM offers no hook to give them a parent-death signal, so a guardian does the
+work instead: a small stdlib-only process that this process registers the engine's processes with, and that waits
+for the end of its stdin. It gets that EOF when this process closes the pipe (``close``) or dies in any way (the
+kernel closes its descriptors), then SIGKILLs every registered process that is still the same process (same start
+time: a pid may be reused) together with its descendants, and exits. It ignores SIGINT, SIGTERM and SIGHUP: a
+Ctrl-C or a group-wide SIGTERM must leave it alive to do its work.
+
+Linux only (``/proc``); elsewhere :class:`EngineGuard` does nothing. Run as a script by path (``python -I``), it
+imports no third-party package and not ``rstar_env``: the tree walk comes from ``rstar_env/sandbox/_proctree.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+_PROCTREE_DIR = Path(__file__).resolve().parent.parent / "sandbox"
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of ``/proc/PID/stat``), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[19])  # field 22 overall; the fields after the name start at field 3
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _is_engine_process(pid: int) -> bool:
+    """A process vLLM started: its title (``VLLM::...``, set once it runs) or, before that, a multiprocessing spawn
+    child (vLLM starts its engine core with ``spawn``). The resource tracker and anything else are left alone."""
+    cmdline = _cmdline(pid)
+    return cmdline.startswith(b"VLLM::") or b"spawn_main" in cmdline
+
+
+class EngineGuard:
+    """The parent's handle on one guardian process (see the module doc).
+
+    ``register(pids)`` hands processes to it; :meth:`watch_children` registers every engine process (and its
+    descendants) this process starts while the block runs; :meth:`close` (idempotent) closes the pipe, so the
+    guardian kills what is left of them and exits, and waits for it.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._registered: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        if not sys.platform.startswith("linux"):
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).resolve())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """The guardian's pid (None off Linux)."""
+        return None if self._proc is None else self._proc.pid
+
+    def register(self, pids: list[int]) -> None:
+        """Have the guardian kill ``pids`` (and their descendants at that time) when this process ends."""
+        if self._proc is None or self._proc.stdin is None:
+            return
+        lines = []
+        with self._lock:
+            for pid in pids:
+                started = start_time(pid)
+                if started is None or (pid, started) in self._registered:
+                    continue
+                self._registered.add((pid, started))
+                lines.append(f"{pid} {started}\n")
+            if lines:
+                with contextlib.suppress(OSError, ValueError):  # the guardian died: nothing more can be done here
+                    self._proc.stdin.write("".join(lines).encode())
+                    self._proc.stdin.flush()
+
+    @contextlib.contextmanager
+    def watch_children(self, every_s: float = 0.2) -> Iterator[None]:
+        """Register the engine processes this process starts while the block runs, polling every ``every_s`` (an
+        engine takes seconds to start; a kill in the meantime must find its processes registered already)."""
+        if self._proc is None:
+            yield
+            return
+        from rstar_env.sandbox import _proctree
+
+        before = set(_proctree.children("self"))
+        stop = threading.Event()
+
+        def scan() -> None:
+            new = [p for p in _proctree.children("self") if p not in before and _is_engine_process(p)]
+            self.register([p for root in new for p in (root, *_proctree.descendants(root))])
+
+        def poll() -> None:
+            while not stop.wait(every_s):
+                scan()
+
+        poller = threading.Thread(target=poll, name="engine-guard-watch", daemon=True)
+        poller.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            poller.join()
+            scan()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Close the pipe: the guardian kills what is left of the registered processes and exits."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _guard() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.path.insert(0, str(_PROCTREE_DIR))
+    import _proctree
+
+    registered: list[tuple[int, int]] = []
+    for line in sys.stdin.buffer:  # ends at EOF: the parent closed the pipe or died
+        with contextlib.suppress(ValueError):
+            pid, started = (int(x) for x in line.split())
+            registered.append((pid, started))
+    for pid, started in registered:
+        if start_time(pid) == started and _proctree.is_alive(pid):
+            _proctree.kill_tree(pid)
+
+
+if __name__ == "__main__":
+    _guard()

@@ -1,0 +1,118 @@
+"""``rstar-env bench train``: the whole job per engine in a child process, the SFT stage trained once and shared,
+the process tree's peak memory. Run on a 2-layer model saved to a folder, so a job takes seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from rstar_env.bench.train import run_engine, tree_rss_bytes
+from rstar_env.cli import main
+
+ROWS = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a), "id": f"p{a}"} for a in range(1, 5)]
+
+PARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c",
+    "b = bytearray(300 * 2**20); print('ready', flush=True); import time; time.sleep(60)"], stdout=subprocess.PIPE)
+child.stdout.readline()
+print("ready", flush=True)
+child.wait()
+"""
+
+
+def test_tree_memory_counts_the_children():
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert parent.stdout.readline().strip() == b"ready"
+        assert tree_rss_bytes(parent.pid) > 300 * 2**20  # the grandchild's buffer is resident (bytearray zero-fills it)
+    finally:
+        import os
+        import signal
+
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while tree_rss_bytes(parent.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert tree_rss_bytes(parent.pid) == 0
+
+
+@pytest.fixture
+def job(tmp_path, tiny_llama):
+    model, tokenizer = tiny_llama
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return {
+        "env": {"max_turns": 1, "system_prompt": "Answer."},
+        "tools": [{"name": "python"}],  # the SFT data is played through the tool
+        "reward": {"name": "math", "options": {"last_number": True}},
+        "dataset": str(data),
+        "trainer": {
+            "model": str(model_dir),
+            "steps": 1,
+            "prompts_per_step": 2,
+            "group_size": 2,
+            "max_new_tokens": 4,
+            "max_response_tokens": 8,
+            "tensorboard": False,
+            "eval_dataset": str(data),
+            "eval_at_start": True,
+            "sft": {
+                "dataset": "toolsft:n=4,seed=0,level=1",
+                "max_len": 2048,
+                "train_batch_size": 4,
+                "micro_train_batch_size": 2,
+                "max_epochs": 1,
+                "tensorboard": False,
+            },
+        },
+    }
+
+
+@pytest.mark.slow
+def test_each_engine_runs_the_job_and_the_sft_stage_is_trained_once(tmp_path, job):
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(
+        main, ["bench", "train", "--config", str(config), "--engine", "transformers", "--output-dir", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "SFT stage" in result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| transformers |")]
+    assert len(rows) == 1 and "GiB" in rows[0] and " -> " in rows[0]
+    assert (out / "transformers" / "sft" / "done.json").exists()
+    assert "SFT steps" in (out / "transformers.log").read_text()
+    written = yaml.safe_load((out / "transformers" / "config.yaml").read_text())
+    assert written["policy"]["engine"] == "transformers" and written["trainer"]["steps"] == 1
+
+    # A later engine starts from the first one's SFT model: no SFT of its own, its RL stage timed alone.
+    second = run_engine(job, "transformers", tmp_path / "b", out / "transformers" / "sft", tmp_path / "b.log")
+    assert second["sft_s"] == 0.0 and second["rl_s"] > 0
+    assert second["pass@1_before"] is not None and second["pass@1_after"] is not None
+    assert second["peak_tree_gib"] > 0.05  # torch alone holds more than 50 MiB
+    log = (tmp_path / "b.log").read_text()
+    assert "SFT steps" not in log and "RL stage" in log
+
+
+@pytest.mark.slow
+def test_a_failing_job_names_its_log(tmp_path, job):
+    job["dataset"] = str(tmp_path / "no-such-rows.jsonl")
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job))
+    command = ["bench", "train", "--config", str(config), "--engine", "transformers", "--output-dir", str(tmp_path)]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code != 0
+    assert "transformers.log" in result.output and "exited with" in result.output
