@@ -101,8 +101,9 @@ TORCH_SPEC=${TORCH_SPEC-torch==2.13.0}
 [[ -n "$TORCH_SPEC" ]] && pip_install "$TORCH_SPEC"
 if [[ $dev -eq 1 ]]; then
     pip_install -e ".[local,data,openai,e2b,ray,serve,dev]"  # dev: also sandbox-fusion, the serve tests' client
-    # OpenRLHF cannot be fully installed without CUDA (flash-attn): the tests drive its real rollout code on the
-    # CPU with vllm/flash_attn stubbed, as OpenRLHF's own tests do, so only what those code paths import.
+    # OpenRLHF cannot be fully installed without CUDA (flash-attn): the tests drive its real code on the CPU with
+    # flash_attn stubbed, as OpenRLHF's own tests do (the end-to-end test on a real vLLM engine, the unit tests on
+    # a stand-in where vLLM is absent), so only what those code paths import.
     pip_install --no-deps "openrlhf==0.11.2"
     pip_install "pylatexenc==2.11" "aiohttp==3.14.5"
     # OpenRLHF's real train_ppo_ray on the CPU (tests/test_openrlhf_e2e.py): DeepSpeed (its cpu accelerator) and

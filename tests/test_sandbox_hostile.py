@@ -1572,3 +1572,194 @@ def test_concurrent_episodes_cannot_signal_through_locks_or_notifications_on_sha
     assert execute(sandbox, sqlite).stdout == "45\n"
     for name in ("signaller", "receiver"):
         run(sandbox.close_session(name))
+
+
+# ------------------------------------------------------------------------- a PID namespace per worker (issue 34.3)
+
+
+def skip_without_pid_namespace(box: LocalSandbox) -> None:
+    if not box.info.get("pid_namespace"):
+        pytest.skip("no PID namespace per worker on this machine (isolation='none' without root)")
+
+
+def _nspid(host_pid: int) -> list[int]:
+    """``host_pid`` in each PID namespace it belongs to, outermost first (``NSpid`` of its status)."""
+    for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return [int(p) for p in line.split()[1:]]
+    raise AssertionError(f"no NSpid line for {host_pid}")
+
+
+def _wait_for(predicate: Any, timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting")
+
+
+PROBE_PIDS = """
+import errno, os
+def probe(pid):
+    try:
+        os.kill(pid, 0)
+        killed = "exists"
+    except OSError as exc:
+        killed = errno.errorcode[exc.errno]
+    try:
+        os.close(os.pidfd_open(pid))
+        opened = "opened"
+    except OSError as exc:
+        opened = errno.errorcode[exc.errno]
+    return killed, opened
+print(os.getpid(), probe(os.getpid()), [probe(pid) for pid in {pids}])
+"""
+
+
+def test_concurrent_episodes_cannot_see_each_others_processes_by_pid(sandbox: LocalSandbox) -> None:
+    """Finding 34.3: ``kill(pid, 0)`` (EPERM, not ESRCH) and ``pidfd_open`` told a worker which of a concurrent
+    episode's pids were alive, a signal one episode can send another by starting processes. Probed with the very
+    pids the other episode's worker and child have in the pool's namespace, both now say there is no such
+    process."""
+    skip_without_pid_namespace(sandbox)
+    tag = marker()
+    holder = f"import subprocess, time\nsubprocess.Popen(['sleep', '{tag}'])\ntime.sleep(4)"
+
+    async def scenario() -> tuple[ExecResult, ExecResult, list[int]]:
+        held = asyncio.ensure_future(sandbox.execute(holder, timeout_s=10.0))
+        (child,) = await asyncio.to_thread(_wait_for, lambda: processes_with(tag))
+        worker = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+        zygote = sandbox.pool.zygote_pid()
+        assert zygote is not None
+        level = len(_nspid(zygote)) - 1  # the pool's namespace: where workers used to see each other's pids
+        pids = [_nspid(pid)[level] for pid in (worker, child)]
+        probed = await sandbox.execute(PROBE_PIDS.format(pids=pids))
+        return probed, await held, pids
+
+    probed, held, pids = run(scenario())
+    assert held.ok, held
+    assert 1 not in pids, pids  # the pool's PID 1 is the zygote
+    # Its own pid is 1 (and exists); the other episode's worker and child are not there at all.
+    assert probed.stdout == f"1 ('exists', 'opened') {[('ESRCH', 'ESRCH')] * 2}\n", probed
+
+
+COUNT_MY_FORKS = (
+    "import os, subprocess\nchild = subprocess.Popen(['true'])\nchild.wait()\n"
+    "print(child.pid, open('/proc/sys/kernel/ns_last_pid').read().strip())"
+)
+
+
+def test_an_episode_cannot_count_another_episodes_forks(sandbox: LocalSandbox) -> None:
+    """Finding 34.3: ``/proc/sys/kernel/ns_last_pid`` and the pids of one's own children moved with every process
+    a concurrent episode started, so the number of forks could carry a message. A receiver's next pid now follows
+    only its own forks, whatever a sender does between its calls."""
+    skip_without_pid_namespace(sandbox)
+    first = execute(sandbox, COUNT_MY_FORKS, session="receiver")
+    sender = execute(sandbox, "import subprocess\nfor _ in range(5):\n    subprocess.run(['true'])")
+    second = execute(sandbox, COUNT_MY_FORKS, session="receiver")
+    run(sandbox.close_session("receiver"))
+    assert first.ok and sender.ok and second.ok, (first, sender, second)
+    child, last = (int(x) for x in first.stdout.split())
+    assert child == last and child < 10, first  # numbered from 1 in its own namespace
+    assert second.stdout == f"{child + 1} {child + 1}\n", (first, second)
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout"),
+    [
+        ("import os\nprint(os.getpid(), os.getppid())", "1 0\n"),
+        ("import subprocess\nprint(subprocess.run(['echo', 'hi'], capture_output=True, text=True).stdout)", "hi\n\n"),
+        (
+            "import multiprocessing as mp\nwith mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2, -3]))",
+            "[1, 2, 3]\n",
+        ),
+        (
+            "import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n"
+            "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))",
+            "7\n",
+        ),
+        (
+            "import multiprocessing as mp, time\nchild = mp.Process(target=time.sleep, args=(30,))\nchild.start()\n"
+            "child.terminate()\nchild.join()\nprint(child.exitcode)",
+            "-15\n",
+        ),
+        (
+            "import sqlite3\ndb = sqlite3.connect('/tmp/pid1.db')\ndb.execute('create table t (x)')\n"
+            "db.executemany('insert into t values (?)', [(i,) for i in range(10)])\ndb.commit()\n"
+            "print(db.execute('select sum(x) from t').fetchone()[0])",
+            "45\n",
+        ),
+        (
+            "import signal\nprint(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "
+            "signal.signal(signal.SIGUSR1, signal.SIG_IGN) == signal.SIG_DFL)",
+            "True True\n",
+        ),
+        (
+            "import os, signal\nsignal.signal(signal.SIGUSR1, lambda *_: print('handled'))\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)",
+            "handled\n",
+        ),
+    ],
+    ids=[
+        "own-pids",
+        "subprocess",
+        "multiprocessing",
+        "fork-waitpid",
+        "child-terminated",
+        "sqlite",
+        "getsignal",
+        "handler",
+    ],
+)
+def test_ordinary_code_works_in_a_worker_that_is_pid_1(sandbox: LocalSandbox, code: str, stdout: str) -> None:
+    skip_without_pid_namespace(sandbox)
+    result = execute(sandbox, code, timeout_s=10.0)
+    assert (result.status, result.stdout) == ("ok", stdout), result
+
+
+@pytest.mark.parametrize(
+    ("code", "killed_by"),
+    [
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nprint('alive')", "SIGTERM"),
+        (
+            "import os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_DFL)\nos.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('alive')",
+            "SIGTERM",
+        ),
+        ("import signal\nsignal.raise_signal(signal.SIGUSR1)\nprint('alive')", "SIGUSR1"),
+        ("import signal, time\nsignal.alarm(1)\ntime.sleep(5)\nprint('alive')", "SIGALRM"),
+        ("import subprocess\nsubprocess.run(['sh', '-c', 'kill -TERM $PPID; sleep 5'])\nprint('alive')", "SIGTERM"),
+        ("import os, signal\nos.killpg(0, signal.SIGKILL)\nprint('alive')", "SIGKILL"),
+    ],
+    ids=["kill-self", "default-set-again", "raise", "alarm", "child-kills-parent", "killpg"],
+)
+def test_signals_end_a_worker_that_is_pid_1_as_they_end_any_process(
+    sandbox: LocalSandbox, code: str, killed_by: str
+) -> None:
+    """The kernel drops a signal whose action is the default when it is sent to a namespace's PID 1 from inside;
+    the worker still dies of it, and the call says which."""
+    skip_without_pid_namespace(sandbox)
+    result = execute(sandbox, code, timeout_s=3.0)
+    assert result.status == "crash" and f"killed by {killed_by} " in (result.message or ""), result
+    assert "alive" not in result.stdout
+    assert_healthy(sandbox)
+
+
+def test_a_session_keeps_its_state_and_its_pid_namespace_across_calls(sandbox: LocalSandbox) -> None:
+    skip_without_pid_namespace(sandbox)
+    assert execute(sandbox, "import os\nstate = 41\nprint(os.getpid())", session="pid1").stdout == "1\n"
+    later = execute(sandbox, "print(state + 1, os.getpid())", session="pid1")
+    run(sandbox.close_session("pid1"))
+    assert (later.status, later.stdout) == ("ok", "42 1\n"), later
+
+
+def test_pid_namespace_false_shares_the_pools_namespace() -> None:
+    box = LocalSandbox(max_concurrency=1, spares=1, preload=(), warmup=None, pid_namespace=False)
+    try:
+        start_or_skip(box)
+        result = execute(box, "import os\nprint(os.getpid() != 1, os.getppid() != 0)")
+        assert (result.status, result.stdout, box.info["pid_namespace"]) == ("ok", "True True\n", False), result
+        assert execute(box, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)").status == "crash"
+    finally:
+        box.close()

@@ -11,9 +11,12 @@ Workloads (each measured on every backend, at concurrency 1 and at 4x the cores,
 * **session**: a stateful episode of two calls (define, then use) and ``close_session``: one op = 2 calls.
 
 Each (backend, workload, concurrency) cell runs ``--calls`` ops or until ``--budget-s`` seconds pass, whichever
-comes first (the baseline is slow), after a warm-up. Latency is per op as the caller sees it (queueing
-included); ops/s is ops over wall time. Ratios compare every backend with the ``python -c`` baseline measured in
-the same run (the baseline has no sessions: its session cells are left out).
+comes first (the baseline is slow), after a warm-up. Latency is per op as the caller sees it (queueing included);
+ops/s is ops over wall time. Ratios compare every backend with the ``python -c`` baseline measured in the same run
+(the baseline has no sessions: its session cells are left out). Every backend stays open for the whole run and
+each cell is measured on every backend in turn, so that a change in the machine's load weighs on all alike. A
+backend may carry options, ``NAME:KEY=VALUE,...`` (``local:pid_namespace=false``): two settings of one backend
+then run side by side.
 
 Head-of-line scenarios (each backend at its *default* settings, median of ``--repeats`` runs):
 
@@ -32,6 +35,7 @@ idle workers) before and after.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -86,8 +90,28 @@ class PlainPython:
         return None
 
 
+def parse_backend(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME:KEY=VALUE,...`` -> the backend's name and its extra options (values read as JSON where
+    they parse: ``false``, ``2``; else kept as text)."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"backend option {item!r} in {spec!r} is not KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return name, options
+
+
 def _open(backend: str, **options: Any) -> Any:
-    return PlainPython(**options) if backend == BASELINE else create_sandbox(backend, **options)
+    """A sandbox (or the baseline) for a backend spec (see :func:`parse_backend`); ``options`` under the spec's."""
+    if backend == BASELINE:
+        return PlainPython(**options)
+    name, extra = parse_backend(backend)
+    return create_sandbox(name, **{**options, **extra})
 
 
 SYMPY_CODE = """\
@@ -144,7 +168,7 @@ async def _warm(box: Sandbox) -> None:
 
 
 async def _sleep_scenario(backend: str) -> tuple[float, bool]:
-    async with create_sandbox(backend, timeout_s=5.0) as box:
+    async with _open(backend, timeout_s=5.0) as box:
         await _warm(box)
         start = time.perf_counter()
         results = await asyncio.gather(*(box.execute(SLEEP_CODE) for _ in range(16)))
@@ -152,7 +176,7 @@ async def _sleep_scenario(backend: str) -> tuple[float, bool]:
 
 
 async def _mixed_scenario(backend: str) -> tuple[float, bool]:
-    async with create_sandbox(backend, timeout_s=5.0) as box:
+    async with _open(backend, timeout_s=5.0) as box:
         await _warm(box)
         start = time.perf_counter()
         spinners = [asyncio.ensure_future(box.execute("while True:\n    pass")) for _ in range(2)]
@@ -169,8 +193,8 @@ async def _mixed_scenario(backend: str) -> tuple[float, bool]:
 
 async def _sessions_scenario(backend: str) -> tuple[float, bool]:
     # Each open local session reserves memory_mb of the pool (docs/security.md): 16 small ones, on any machine.
-    budgets = {"memory_mb": 256, "pool_memory_mb": 17 * 256} if backend == "local" else {}
-    async with create_sandbox(backend, timeout_s=5.0, **budgets) as box:
+    budgets = {"memory_mb": 256, "pool_memory_mb": 17 * 256} if parse_backend(backend)[0] == "local" else {}
+    async with _open(backend, timeout_s=5.0, **budgets) as box:
         await _warm(box)
         start = time.perf_counter()
         results = await asyncio.gather(*(box.execute(SLEEP_CODE, session=f"s{i}") for i in range(16)))
@@ -185,7 +209,8 @@ async def _vector_scenario(backend: str) -> tuple[float, bool]:
     import rstar_env  # noqa: F401  (registers the env ids)
     from rstar_env.testing import python_call
 
-    tools = [{"name": "python", "options": {"backend": backend, "timeout_s": 5.0}}]
+    name, extra = parse_backend(backend)
+    tools = [{"name": "python", "options": {"backend": name, "timeout_s": 5.0, "sandbox_options": extra}}]
     rows = [{"problem": f"p{i}", "answer": str(i)} for i in range(16)]
     envs = gymnasium.make_vec(
         "rstar_env/MathTool-v0", num_envs=16, vectorization_mode="vector_entry_point", tools=tools, max_turns=4
@@ -285,22 +310,26 @@ async def run_bench(
 ) -> dict[str, Any]:
     """Every (backend, workload, concurrency) cell, plus ratios against the ``python -c`` baseline."""
     rows: list[dict[str, Any]] = []
-    for backend in backends:
-        options: dict[str, Any] = {"max_concurrency": max(concurrencies), "timeout_s": 30.0}
-        start = time.perf_counter()
-        async with _open(backend, **options) as box:
+    options: dict[str, Any] = {"max_concurrency": max(concurrencies), "timeout_s": 30.0}
+    async with contextlib.AsyncExitStack() as stack:
+        boxes: dict[str, Any] = {}
+        for backend in backends:
+            start = time.perf_counter()
+            boxes[backend] = await stack.enter_async_context(_open(backend, **options))
             startup_s = time.perf_counter() - start
-            for name in workloads:
-                if backend == BASELINE and name == "session":
-                    continue  # no sessions in a plain interpreter per call
-                workload = WORKLOADS[name]
+            rows.append({"backend": backend, "workload": "startup", "concurrency": 0, "startup_s": startup_s})
+        for name in workloads:
+            workload = WORKLOADS[name]
+            # No sessions in a plain interpreter per call.
+            measured = {b: box for b, box in boxes.items() if not (b == BASELINE and name == "session")}
+            for box in measured.values():
                 for _ in range(3):  # warm-up: caches, spares, lazy imports of the backend itself
                     await workload.run(box, f"warmup-{name}")
-                for concurrency in concurrencies:
+            for concurrency in concurrencies:
+                for backend, box in measured.items():
                     progress(f"{backend} {name} x{concurrency}")
                     cell = await measure(box, workload, concurrency, calls, budget_s)
                     rows.append({"backend": backend, "workload": name, "concurrency": concurrency, **cell})
-        rows.append({"backend": backend, "workload": "startup", "concurrency": 0, "startup_s": startup_s})
     return {"cpu_count": os.cpu_count(), "rows": rows, "ratios": _ratios(rows)}
 
 
@@ -430,7 +459,8 @@ def _print_tables(results: dict[str, Any]) -> None:
     if results.get("rows"):
         table = Table(title=f"sandbox latency and throughput ({results['cpu_count']} cores)")
         for column in ("backend", "workload", "conc.", "ops", "p50 ms", "p99 ms", "ops/s", "fails"):
-            table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
+            # Folded, not cut: a backend with options (local:pid_namespace=false) must stay readable.
+            table.add_column(column, justify="left" if column in ("backend", "workload") else "right", overflow="fold")
         for row in results["rows"]:
             if "ops" not in row:
                 continue
@@ -452,7 +482,8 @@ def _print_tables(results: dict[str, Any]) -> None:
     if results.get("ratios"):
         table = Table(title=f"against subprocess.run([sys.executable, '-c', code]) ({BASELINE}), same run")
         for column in ("backend", "workload", "conc.", "p50 ms", f"{BASELINE} p50 ms", "p50 speed-up", "ops/s x"):
-            table.add_column(column, justify="left" if column in ("backend", "workload") else "right")
+            # Folded, not cut: a backend with options (local:pid_namespace=false) must stay readable.
+            table.add_column(column, justify="left" if column in ("backend", "workload") else "right", overflow="fold")
         for ratio in results["ratios"]:
             table.add_row(
                 ratio["backend"],
@@ -500,7 +531,8 @@ def _print_tables(results: dict[str, Any]) -> None:
     multiple=True,
     default=("local", "subprocess"),
     show_default=True,
-    help="Backends to compare (repeatable); ratios are against the python -c baseline.",
+    help="Backends to compare (repeatable), each NAME or NAME:KEY=VALUE,... (local:pid_namespace=false); ratios "
+    "are against the python -c baseline.",
 )
 @click.option(
     "--baseline/--no-baseline",
@@ -541,7 +573,11 @@ def command(
     baseline: bool,
 ) -> None:
     """Latency and throughput of the local sandbox pool against a fresh interpreter per call."""
-    unknown = sorted(set(backends) - set(BACKENDS))
+    try:
+        names = {parse_backend(spec)[0] for spec in backends}
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    unknown = sorted(names - set(BACKENDS))
     if unknown:
         raise click.BadParameter(f"unknown backend(s) {unknown}; choose from {sorted(BACKENDS)}")
     levels = list(concurrencies) or [1, 4 * (os.cpu_count() or 1)]

@@ -16,9 +16,9 @@ Preference order for ``isolation="auto"``:
    interpreter (``/root``) is covered, with only the interpreter bound back (:func:`._limits.expose_interpreter`).
 3. **none**: the zygote is a plain subreaper process.
 
-On top of the pool's namespaces, every worker (one call, or one session) gets its own IPC and network namespaces
-and its own empty ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc`` view (:func:`._limits.private_namespaces`), a
-cgroup
+On top of the pool's namespaces, every worker (one call, or one session) is PID 1 of its own PID namespace
+(:mod:`._pidns`; under ``none`` only where the pool runs as root), gets its own IPC and network namespaces and its
+own empty ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc`` view (:func:`._limits.private_namespaces`), a cgroup
 (:mod:`._cgroup`) and a syscall filter (:mod:`._seccomp`), set up in the spare before it takes a call, so they
 cost nothing on a call's latency. Whatever cannot be had is named in a single warning. The user-facing account
 is ``docs/security.md``.
@@ -293,7 +293,10 @@ def choose_isolation(mode: str, *, network: bool) -> Isolation:
             raise SandboxError(f"isolation='unshare' is unavailable: {why}; or pass {ISOLATION_NONE_ADVICE}")
         reasons.append(why)
     cause = "; ".join(reasons) or "isolation='none' was asked for"
-    missing = ("PID namespace", "a filesystem built from an allowlist (code can read every host file its uid may)")
+    missing = (
+        "a PID namespace around the pool",
+        "a filesystem built from an allowlist (code can read every host file its uid may)",
+    )
     if not network:
         missing = ("network namespace (sandboxed code can reach the network)", *missing)
     return Isolation("none", True, False, False, tuple(f"{m} ({cause})" for m in missing))

@@ -224,6 +224,7 @@ class ZygotePool:
         start_timeout_s: float,
         spares: int = 2,
         pool_memory_mb: int | None = None,
+        pid_namespace: bool = True,
     ) -> None:
         self.preload = list(preload)
         self.warmup = warmup
@@ -235,6 +236,7 @@ class ZygotePool:
         self.start_timeout_s = start_timeout_s
         self.spares = spares
         self.pool_memory_mb = pool_memory_mb
+        self.pid_namespace = pid_namespace
         self.isolation: _isolation.Isolation | None = None
         self.restarts = 0
         self._zygote: _Zygote | None = None
@@ -327,6 +329,7 @@ class ZygotePool:
             "uid_base": self._uid_base,
             "uid_count": UID_RANGE,
             "spares": self.spares,
+            "pid_namespace": self.pid_namespace,
             "huge_page_bytes": _hugepages.huge_page_size(),
             "network": self.network,
             "tmp_binds": _isolation.tmp_paths(_isolation.visible_paths(self.python)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import time
 
@@ -40,10 +41,18 @@ def become_subreaper() -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def die_with_parent(expected_parent: int) -> None:
-    """SIGKILL this process when its parent dies (and now, if the parent is already gone)."""
+def die_with_parent(expected_parent: int, parent_pidfd: int | None = None) -> None:
+    """SIGKILL this process when its parent dies (and now, if the parent is already gone).
+
+    Gone means: ``parent_pidfd`` (a pidfd of the parent) says it exited, or, without one, ``getppid()`` is no
+    longer ``expected_parent`` (0 for a process whose parent is outside its PID namespace, which tells nothing).
+    """
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != expected_parent:
+    if parent_pidfd is not None:
+        gone = bool(select.select([parent_pidfd], [], [], 0)[0])
+    else:
+        gone = os.getppid() != expected_parent
+    if gone:
         os._exit(1)
 
 

@@ -15,7 +15,17 @@ from collections.abc import Mapping
 from typing import Any
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-SANDBOX_MODULES = ("_zygote", "_worker", "_protocol", "_limits", "_proctree", "_cgroup", "_seccomp", "_hugepages")
+SANDBOX_MODULES = (
+    "_zygote",
+    "_worker",
+    "_protocol",
+    "_limits",
+    "_proctree",
+    "_cgroup",
+    "_seccomp",
+    "_hugepages",
+    "_pidns",
+)
 """The modules of this directory that the zygote and its workers load (stdlib only). Under bubblewrap, copies of
 these files are all the sandbox holds of the package (:func:`._isolation.Isolation.command`)."""
 

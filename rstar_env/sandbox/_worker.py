@@ -305,7 +305,7 @@ def serve(chan_fd: int, *, once: bool) -> NoReturn:
             os._exit(0)
 
 
-def serve_supervised(link_fd: int, *, once: bool) -> NoReturn:
+def serve_supervised(link_fd: int, *, once: bool, as_init: bool = False) -> NoReturn:
     """``local`` pool: run the ``exec`` requests the zygote forwards on ``link_fd`` (a ``SOCK_SEQPACKET`` socket).
 
     Request: ``{"op": "exec", "cpu_s"}`` with the caller's memfd holding ``{"code", "stdin"}`` and the two output
@@ -314,6 +314,10 @@ def serve_supervised(link_fd: int, *, once: bool) -> NoReturn:
     SIGSTOP: the zygote passes the report on only once the worker is stopped (or dead), so a fake report written by
     the cell ends nothing early. A one-call worker is then killed by the zygote (stopping rather than exiting keeps
     the teardown of its namespaces off the call's latency); a session worker waits, stopped, for the next request.
+
+    ``as_init``: the worker is PID 1 of its own PID namespace, where a signal it sends itself is dropped: the zygote
+    stops it when it reads the report (a session), or replies and kills it (one call); :func:`._pidns.act_as_init`,
+    called before, gives the code the usual signal behaviour.
     """
     link = socket.socket(fileno=link_fd)
     namespace = _fresh_main()
@@ -342,7 +346,12 @@ def serve_supervised(link_fd: int, *, once: bool) -> NoReturn:
                 os.close(report)
         except OSError:
             os._exit(0)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        if not as_init:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif once:
+            # Killed by the zygote once it has replied: nothing more arrives on the link.
+            with contextlib.suppress(OSError):
+                link.recv(1)
         if once:
             os._exit(0)
 

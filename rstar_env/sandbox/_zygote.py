@@ -5,11 +5,11 @@ Started by :mod:`rstar_env.sandbox._pool` as a clean interpreter (never forked f
 would make ``fork`` unsafe), usually inside bubblewrap or ``unshare`` where it is PID 1 of its own PID namespace:
 then user code cannot signal it, and if it dies the kernel kills every process of the pool.
 
-The zygote keeps ``spares`` workers forked and prepared ahead of demand (own IPC namespace and ``/tmp``, limits,
-uid, no capabilities), and forks more while calls wait for one. Callers write ``{"call": id, "session": bool}``
-with a fresh channel socket attached to the shared *dispatch* socket (``SOCK_SEQPACKET``); whichever spare is
-idle receives it, hands the channel to the zygote over its private *link* (``{"op": "assigned", "call"}``) and
-keeps no copy of it. From then on the channel joins the caller and the zygote only:
+The zygote keeps ``spares`` workers forked and prepared ahead of demand (each PID 1 of its own PID namespace, own
+IPC namespace and ``/tmp``, limits, uid, no capabilities), and forks more while calls wait for one. Callers write
+``{"call": id, "session": bool}`` with a fresh channel socket attached to the shared *dispatch* socket
+(``SOCK_SEQPACKET``); whichever spare is idle receives it, hands the channel to the zygote over its private *link*
+(``{"op": "assigned", "call"}``) and keeps no copy of it. From then on the channel joins the caller and the zygote only:
 
 * caller -> zygote: ``{"op": "exec", "token", "cpu_s"}`` with a memfd holding the code and stdin and the stdout
   and stderr pipes. The zygote forwards the descriptors on the link and continues the worker if it is stopped.
@@ -24,12 +24,16 @@ own and the caller reads it; output goes on pipes between the two. The zygote pa
 
 The worker runs the cell, kills what it started, reports ``{"op": "done"}`` (with its report's memfd) on the link
 and stops itself with SIGSTOP. The zygote takes the report as the call's end only when the worker is stopped with no
-process left below it (it kills any) and, in a session, one thread; then it replies, and kills a one-call
-worker. Code that writes a fake report and goes on running gains nothing: the call ends at its deadline, and every
-process it started dies with it. A second report, an oversized or malformed one, a stopped worker that is running
-again, or threads still alive in a stopped session end the worker (``reason``). While a call runs, the zygote
-also adds up the CPU time of the worker's whole process tree and ends it past the call's ``cpu_s`` (RLIMIT_CPU
-counts each process on its own, and each child of a fork starts from zero).
+process left below it (it kills any) and, in a session, one thread; then it replies, and kills a one-call worker.
+PID 1 of its own PID namespace cannot stop itself (the kernel drops the signal): on its report the zygote stops it
+(a session), or replies and kills it at once (a one-call worker: whatever it might start in between dies with its
+namespace). It may also ask for the default action of a signal the kernel drops for it (``{"op": "signal",
+"signal"}``, see :mod:`._pidns`): the zygote stops it, or kills it and reports it killed by that signal. Code that
+writes a fake report and goes on running gains nothing: the call ends at its deadline, and every process it started
+dies with it. A second report, an oversized or malformed one, a stopped worker that is running again, or threads
+still alive in a stopped session end the worker (``reason``). While a call runs, the zygote also adds up the CPU
+time of the worker's whole process tree and ends it past the call's ``cpu_s`` (RLIMIT_CPU counts each process on its
+own, and each child of a fork starts from zero).
 
 Control socket (caller -> zygote), framed by :mod:`._protocol`: first the zygote's configuration (see
 :class:`Zygote`), then ``{"op": "kill", "call": id}`` kills that worker's whole process tree now; end of stream
@@ -59,7 +63,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import _cgroup, _hugepages, _limits, _proctree, _protocol, _seccomp, _worker
+from . import _cgroup, _hugepages, _limits, _pidns, _proctree, _protocol, _seccomp, _worker
 
 SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
@@ -109,6 +113,11 @@ class _Worker:
     since: float = 0.0
     finished: bool = False
     """Its call ended normally (reported, stopped, nothing left below it); killed by us only to free it."""
+    stops_asked: int = 0
+    """Stops it asked for (see :meth:`Zygote.deliver_signal`) and that we have not seen yet."""
+    signal: int | None = None
+    """Killed at its own request, for a signal whose default action the kernel would not give PID 1 of its
+    namespace (see :mod:`._pidns`): reported as killed by this signal."""
 
 
 class _Uids:
@@ -205,6 +214,14 @@ class Zygote:
             self.syscall_filter = _seccomp.build()
         except Exception as exc:
             self.notes.append(_seccomp.describe_missing(exc))
+        self.pid_ns: int | None = None
+        """Our own PID namespace (a descriptor) when each worker is PID 1 of one of its own (see :mod:`._pidns`)."""
+        if config.get("pid_namespace", True):
+            self.pid_ns = self._probe_pid_namespace()
+        self.pidfd: int | None = None
+        """A pidfd of this process, for a new worker to tell whether we died before it asked to die with us."""
+        with contextlib.suppress(OSError, AttributeError):
+            self.pidfd = os.pidfd_open(self.pid)
         self.private_mounts, self.keep_read_search = self._probe_setup(config.get("uid_base"))
         if self.private_mounts:
             self.shared_dirs = []  # every worker has its own /tmp and /dev/shm: nothing is left in shared ones
@@ -218,6 +235,32 @@ class Zygote:
         if config.get("huge_page_bytes"):
             self.huge_pages_mb = _hugepages.collapse_heap(int(config["huge_page_bytes"])) >> 20
 
+    def _probe_pid_namespace(self) -> int | None:
+        """Our own PID namespace's descriptor if a worker can be PID 1 of a new one, else None (noted)."""
+
+        def in_a_namespace_of_its_own() -> None:
+            if os.getpid() != 1:
+                raise OSError(f"the child is pid {os.getpid()}, not PID 1 of a namespace of its own")
+
+        try:
+            own = _pidns.own_namespace()
+        except OSError as exc:
+            error: str | None = repr(exc)
+        else:
+            error = _probe(in_a_namespace_of_its_own, own)
+            if error is None:
+                return own
+            os.close(own)
+        self.notes.append(
+            f"no PID namespace per worker ({error}): concurrent calls can tell which pids are in use "
+            "(kill(pid, 0), pidfd_open, /proc/sys/kernel/ns_last_pid), a channel between episodes"
+        )
+        return None
+
+    def _probe(self, setup: Any) -> str | None:
+        """:func:`_probe` in a child set up as a worker would be (PID 1 of a namespace of its own, if they are)."""
+        return _probe(setup, self.pid_ns)
+
     def _probe_setup(self, uid_base: int | None) -> tuple[bool, bool]:
         """Find the strongest worker setup that works here, in throwaway children; note what is missing."""
 
@@ -229,10 +272,10 @@ class Zygote:
                 max_ptys=self.max_ptys,
             )
 
-        ns_error = _probe(namespaces)
+        ns_error = self._probe(namespaces)
         if ns_error is not None:
             pts_error, self.max_ptys = ns_error, None
-            ns_error = _probe(namespaces)
+            ns_error = self._probe(namespaces)
             if ns_error is None:
                 self.notes.append(
                     f"no /dev/pts per worker ({pts_error}): concurrent calls see each other's pseudo-terminals"
@@ -241,7 +284,7 @@ class Zygote:
                 self.max_ptys = _limits.MAX_PTYS
         if ns_error is not None and not self.network:
             net_error, self.network = ns_error, True
-            ns_error = _probe(namespaces)
+            ns_error = self._probe(namespaces)
             if ns_error is None:
                 self.notes.append(
                     f"no network namespace per worker ({net_error}): concurrent calls share loopback and abstract "
@@ -249,7 +292,7 @@ class Zygote:
                 )
         private_mounts = ns_error is None
         if private_mounts and self.expose_paths:
-            error = _probe(lambda: (namespaces(1), _limits.expose_interpreter(self.expose_paths)))
+            error = self._probe(lambda: (namespaces(1), _limits.expose_interpreter(self.expose_paths)))
             if error is not None:
                 self.notes.append(f"cannot hide private directories around the interpreter: {error}")
                 self.expose_paths = []
@@ -260,7 +303,7 @@ class Zygote:
         uid = int(uid_base) if uid_base is not None else None
         if uid is None and not private_mounts:
             if self.syscall_filter is not None:
-                error = _probe(lambda: (self.syscall_filter.load(), os.listdir(os.path.dirname(os.__file__))))
+                error = self._probe(lambda: (self.syscall_filter.load(), os.listdir(os.path.dirname(os.__file__))))
                 if error is not None:
                     self.notes.append(_seccomp.describe_missing(RuntimeError(error)))
                     self.syscall_filter = None
@@ -281,7 +324,7 @@ class Zygote:
                     if name in self.loaded:
                         os.listdir(os.path.dirname(importlib.import_module(name).__file__ or "."))
 
-            error = _probe(setup)
+            error = self._probe(setup)
             if error is None:
                 if uid is not None:
                     self.uids = _Uids(uid, self.uid_count)
@@ -319,6 +362,7 @@ class Zygote:
             "syscall_filter": self.syscall_filter is not None,
             "private_network": self.private_mounts and not self.network,
             "huge_pages_mb": self.huge_pages_mb,
+            "pid_namespace": self.pid_ns is not None,
             "notes": self.notes,
         }
         _protocol.send_message(self.control, ready)
@@ -417,7 +461,8 @@ class Zygote:
         uid = None
         try:
             uid = self.uids.acquire() if self.uids is not None else None
-            pid = os.fork()
+            # A namespace per spare costs two system calls here, and no process: the worker is its PID 1.
+            pid = os.fork() if self.pid_ns is None else _pidns.fork_as_init(self.pid_ns)
         except OSError:
             if cgroup is not None:
                 self.free_cgroups.append(cgroup)
@@ -447,7 +492,8 @@ class Zygote:
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             # Drop every descriptor of the zygote (control socket, other workers' links and channels).
-            _close_all_but({link, self.dispatch_fd})
+            pidfd = self.pidfd
+            _close_all_but({link, self.dispatch_fd} | ({pidfd} if pidfd is not None else set()))
             _worker.prepare(
                 workdir,
                 self.env,
@@ -461,7 +507,13 @@ class Zygote:
                 max_ptys=self.max_ptys,
                 syscall_filter=self.syscall_filter,
             )
-            _proctree.die_with_parent(self.pid)  # after prepare: a uid change clears the death signal
+            # After prepare: a uid change clears the death signal. In a PID namespace of its own, our parent's pid
+            # reads 0.
+            _proctree.die_with_parent(0 if self.pid_ns is not None else self.pid, pidfd)
+            if pidfd is not None:
+                os.close(pidfd)
+            if self.pid_ns is not None:
+                _pidns.act_as_init(link)  # here, not once it has a call: off the call's latency
             with socket.socket(fileno=self.dispatch_fd) as dispatch:
                 received = _protocol.recv_datagram(dispatch)
             if received is None or len(received[1]) != 1:
@@ -472,7 +524,8 @@ class Zygote:
                 note = {"op": "assigned", "call": request.get("call"), "session": bool(request.get("session"))}
                 _protocol.send_datagram(sock, note, [chan])
                 os.close(chan)
-                _worker.serve_supervised(sock.detach(), once=not request.get("session"))
+                once = not request.get("session")
+                _worker.serve_supervised(sock.detach(), once=once, as_init=self.pid_ns is not None)
         except BaseException:
             with contextlib.suppress(Exception):
                 traceback.print_exc()
@@ -502,13 +555,36 @@ class Zygote:
         if worker.call is None:
             self.take_assignment(pid, worker, message, fds)
             return
+        if message.get("op") == "signal" and not fds:
+            self.deliver_signal(pid, worker, message.get("signal"))
+            return
         if message.get("op") != "done" or len(fds) != 1 or not worker.running or worker.reported:
             for fd in fds:
                 os.close(fd)
             self.end(pid, "tamper")  # a report nobody asked for, or a second one: the cell wrote it
             return
         worker.reported, worker.report_fd = True, fds[0]  # for the caller, unread (see the module docstring)
+        if self.pid_ns is not None and worker.session and not worker.stopped:
+            # PID 1 of its namespace cannot stop itself (the kernel drops the signal); from here it is not dropped.
+            # A one-call worker is not stopped (see finish_call).
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
         self.finish_call(pid, worker)
+
+    def deliver_signal(self, pid: int, worker: _Worker, sig: Any) -> None:
+        """The default action of ``sig`` for a worker that is PID 1 of its namespace, which the kernel would not
+        give it (see :mod:`._pidns`): stop it, or kill it and report it killed by ``sig``."""
+        if self.pid_ns is None or not isinstance(sig, int) or not 0 < sig <= signal.SIGRTMAX:
+            self.end(pid, "tamper")
+            return
+        if sig in _pidns.STOPS:
+            worker.stops_asked += 1
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+            return
+        if worker.signal is None:
+            worker.signal = sig
+        self.kill_worker(pid)
 
     def take_assignment(self, pid: int, worker: _Worker, message: dict[str, Any], fds: list[int]) -> None:
         self.idle.discard(pid)
@@ -578,12 +654,22 @@ class Zygote:
     def finish_call(self, pid: int, worker: _Worker) -> None:
         """Report a call's end once the worker has reported it *and* stopped, with nothing left running below it.
 
-        A one-call worker is killed right after; a session worker stays stopped until its next request.
+        A one-call worker is killed right after; a session worker stays stopped until its next request. A one-call
+        worker that is PID 1 of its namespace is not stopped first: it cannot stop itself, and stopping it from here
+        would cost the call a round trip through the scheduler (killing it first costs as much: its exit takes the
+        core the caller is about to need). Everything else it started is dead before the reply, and it is killed
+        right after: whatever it might start in between dies with it, since the kernel ends its whole namespace.
         """
-        if not (worker.running and worker.reported and worker.stopped):
+        if not (worker.running and worker.reported):
             return
-        # Stopped, the worker cannot fork; kill whatever is left of its call (a cell that faked its report). Its
-        # cgroup holds every process it started, below it or not (CLONE_PARENT), and none can leave it.
+        unstopped = False
+        if not worker.stopped:
+            if self.pid_ns is None or worker.session:
+                return  # until it stops
+            unstopped = True
+        # Stopped, the worker cannot fork (PID 1 of its namespace: anything it forks from now on dies with it, right
+        # after the reply); kill whatever is left of its call (a cell that faked its report). Its cgroup holds every
+        # process it started, below it or not (CLONE_PARENT), and none can leave it.
         if self.cgroups is not None:
             self.cgroups.kill(worker.cgroup, spare=pid)
         else:
@@ -602,7 +688,7 @@ class Zygote:
         if threads > 1:
             self.end(pid, "threads")  # they would write into, and run during, later calls
             return
-        if _proctree.state(pid) not in ("T", "t"):
+        if not unstopped and _proctree.state(pid) not in ("T", "t"):
             self.end(pid, "tamper")  # something continued it behind our back
             return
         worker.running = False
@@ -621,7 +707,8 @@ class Zygote:
             self.end(pid, "continued")  # nothing would keep it from running until its next call
             return
         if not worker.session:
-            # Stopped, with nothing below it: a plain kill ends it, and nothing of its uid is left to hunt down.
+            # With nothing below it (stopped, or PID 1 of its namespace): a plain kill ends it, and nothing of its uid
+            # is left to hunt down.
             worker.finished = True
             os.kill(pid, signal.SIGKILL)
 
@@ -664,6 +751,12 @@ class Zygote:
                 continue
             if os.WIFSTOPPED(status):
                 worker.stopped = True
+                if worker.stops_asked and worker.link is not None:
+                    # Read by the worker once continued: its stop is over (see _pidns._deliver).
+                    for _ in range(worker.stops_asked):
+                        with contextlib.suppress(OSError):
+                            _protocol.send_datagram(worker.link, {"op": "stopped"})
+                    worker.stops_asked = 0
                 if worker.running and not worker.reported:
                     self.handle_link(pid)  # the report is queued before the stop: read it now
                 self.finish_call(pid, worker)
@@ -713,6 +806,8 @@ class Zygote:
             self.uids.release(worker.uid)
         if worker.chan is not None:
             # Every process of the worker is dead by now: only then does the caller learn the call is over.
+            if worker.signal is not None and os.WIFSIGNALED(status):
+                status = worker.signal  # what it died of, had it not been PID 1 of its namespace
             exit_message = {"op": "exit", "status": status, "token": worker.token, "reason": worker.reason}
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(worker.chan)
@@ -818,10 +913,16 @@ def _close_all_but(keep: set[int]) -> None:
     os.closerange(low, 1 << 20)
 
 
-def _probe(setup: Any) -> str | None:
-    """Run ``setup()`` in a throwaway child; None if it works, else why not."""
+def _probe(setup: Any, pid_ns: int | None = None) -> str | None:
+    """Run ``setup()`` in a throwaway child (PID 1 of a new PID namespace, given ours: ``pid_ns``); None if it
+    works, else why not."""
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork() if pid_ns is None else _pidns.fork_as_init(pid_ns)
+    except OSError as exc:
+        os.close(r)
+        os.close(w)
+        return repr(exc)
     if pid == 0:
         os.close(r)
         try:

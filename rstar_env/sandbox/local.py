@@ -122,6 +122,10 @@ class LocalSandbox(_base.ThreadedSandbox):
     * ``python``: interpreter for the zygote (default: this one).
     * ``spares``: workers the zygote keeps forked and prepared ahead of calls (``min(max_concurrency, 16)``),
       which takes ``fork`` off the latency of a call; a burst beyond them waits for forks (not on its timeout).
+    * ``pid_namespace``: make each worker PID 1 of a PID namespace of its own (True), so that concurrent calls
+      cannot tell which pids exist in others (``kill(pid, 0)``, ``pidfd_open``, ``ns_last_pid``). False shares the
+      pool's namespace, as before; where a namespace cannot be made (``isolation="none"`` without root), the
+      pool's warning says so.
     """
 
     def __init__(
@@ -145,6 +149,7 @@ class LocalSandbox(_base.ThreadedSandbox):
         start_timeout_s: float = 120.0,
         spares: int | None = None,
         pool_memory_mb: int | None = None,
+        pid_namespace: bool = True,
     ) -> None:
         super().__init__(
             max_concurrency=max_concurrency or default_concurrency(),
@@ -175,6 +180,7 @@ class LocalSandbox(_base.ThreadedSandbox):
             start_timeout_s=start_timeout_s,
             spares=min(self.max_concurrency, 16) if spares is None else spares,
             pool_memory_mb=_cgroup.default_pool_memory_mb() if pool_memory_mb is None else pool_memory_mb,
+            pid_namespace=pid_namespace,
         )
 
     @property

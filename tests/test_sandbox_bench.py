@@ -1,0 +1,35 @@
+"""``rstar-env bench sandbox``: backends with options run side by side in one run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from rstar_env.bench.sandbox import command, parse_backend
+
+
+def test_a_backend_spec_carries_its_options() -> None:
+    assert parse_backend("local") == ("local", {})
+    assert parse_backend("local:pid_namespace=false,spares=2,isolation=none") == (
+        "local",
+        {"pid_namespace": False, "spares": 2, "isolation": "none"},
+    )
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        parse_backend("local:pid_namespace")
+
+
+def test_two_settings_of_the_local_pool_are_measured_in_one_run() -> None:
+    backends = ["--backend", "local", "--backend", "local:pid_namespace=false"]
+    args = [*backends, "--no-baseline", "--workload", "print", "--repeats", "0", "--concurrency", "2"]
+    result = CliRunner().invoke(command, [*args, "--calls", "6", "--budget-s", "20", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = [row for row in json.loads(result.output)["rows"] if "ops" in row]
+    assert [row["backend"] for row in rows] == ["local", "local:pid_namespace=false"]
+    assert all(row["ops"] == 6 and row["failures"] == 0 for row in rows), rows
+
+
+def test_an_unknown_backend_in_a_spec_is_refused() -> None:
+    result = CliRunner().invoke(command, ["--backend", "nowhere:x=1", "--calls", "1"])
+    assert result.exit_code != 0 and "unknown backend" in result.output
