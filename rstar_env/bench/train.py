@@ -26,35 +26,17 @@ import yaml
 ENGINES = ("transformers", "vllm")
 
 
-def _children() -> dict[int, list[int]]:
-    """Parent pid -> child pids, from ``/proc`` (Linux)."""
-    tree: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: the fields after it start past the last ')'.
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
-
-
 def tree_rss_bytes(root: int) -> int:
     """Resident memory of ``root`` and all its descendants (0 once it is gone)."""
-    tree, total, todo = _children(), 0, [root]
-    page = os.sysconf("SC_PAGE_SIZE")
-    while todo:
-        pid = todo.pop()
+    from rstar_env.sandbox._proctree import descendants
+
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for pid in (root, *descendants(root)):
         try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * page
         except (OSError, IndexError, ValueError):
             continue
-        todo.extend(tree.get(pid, ()))
     return total
 
 
