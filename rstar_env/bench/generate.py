@@ -24,6 +24,8 @@ from typing import Any
 
 import click
 
+from rstar_env.bench import require_vllm
+
 _ENGINES = ("vllm", "transformers", "hf_generate")
 
 
@@ -154,11 +156,7 @@ def command(
 ) -> None:
     """Generated tokens/s: vLLM policy vs transformers policy vs HF generate, same prompts, batch 1/16/64."""
     engines = engines or _ENGINES
-    if "vllm" in engines:
-        from rstar_env.rollout.vllm import VLLM_INSTALL_HINT, vllm_available
-
-        if not vllm_available():
-            raise click.ClickException(f"vLLM is not installed: {VLLM_INSTALL_HINT} (or leave it out: --engine)")
+    require_vllm(engines)
     result = run(model, tuple(batches) or (1, 16, 64), max_new_tokens, seed, engines)
     if as_json:
         click.echo(json.dumps(result, indent=2))

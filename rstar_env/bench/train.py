@@ -23,6 +23,8 @@ from typing import Any
 import click
 import yaml
 
+from rstar_env.bench import require_vllm
+
 ENGINES = ("transformers", "vllm")
 
 
@@ -134,11 +136,7 @@ def _pass(value: float | None) -> str:
 def command(config_path: str, engines: tuple[str, ...], output_dir: Path, as_json: bool) -> None:
     """A training job's wall time with each rollout engine (SFT stage shared), side by side."""
     engines = engines or ENGINES
-    if "vllm" in engines:
-        from rstar_env.rollout.vllm import VLLM_INSTALL_HINT, vllm_available
-
-        if not vllm_available():
-            raise click.ClickException(f"vLLM is not installed: {VLLM_INSTALL_HINT} (or leave it out: --engine)")
+    require_vllm(engines)
     output_dir.mkdir(parents=True, exist_ok=True)
     result = run(config_path, tuple(engines), output_dir)
     if as_json:
