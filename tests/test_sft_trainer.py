@@ -1,4 +1,5 @@
-"""Local SFT with the real SmolLM2: a few steps teach the tool-call format; exact resume; compare writes both arms."""
+"""Local SFT: a few steps teach the real SmolLM2 the tool-call format; exact resume (on a 2-layer model); compare
+writes both arms."""
 
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ def test_a_few_sft_steps_teach_well_formed_calls(tmp_path, smollm2):
     assert before == 0.0 and after >= 0.75, (before, after)
 
 
-def test_resume_continues_exactly(tmp_path, smollm2):
-    model, tokenizer = smollm2
+def test_resume_continues_exactly(tmp_path, tiny_llama):
+    model, tokenizer = tiny_llama  # the mechanics of resuming: any model shows them
     ids = [tokenizer.encode(f"Question {i}? Answer: {i * 7}.") for i in range(6)]
     from rstar_env.rollout.sft_data import SFTTokens
 
