@@ -825,6 +825,7 @@ def filter_hard_command(trajectories: tuple[str, ...], out: str, max_pass_rate: 
         "generate": "rstar_env.bench.generate:command",
         "serve": "rstar_env.bench.serve:command",
         "train": "rstar_env.bench.train:command",
+        "threads": "rstar_env.bench.threads:command",
     },
 )
 def bench() -> None:

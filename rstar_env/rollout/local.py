@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rstar_env import threads
 from rstar_env.format import TOOL_CALL_CLOSE
 from rstar_env.rollout.models import (  # noqa: F401  (loading lived here: its names stay importable from here)
     DEFAULT_MODEL,
@@ -194,7 +195,10 @@ class TransformersPolicy:
             unique.setdefault(tuple(r.context), len(unique))
         contexts = list(unique)
         temperature, top_p = self.sampling.temperature, self.sampling.top_p
+        on_cpu = str(self.device).startswith("cpu")
         with torch.no_grad(), autocast(self.dtype, self.device):
+            if on_cpu:
+                threads.adapt()
             past, mask, positions, logits = self._prefill(contexts)
             expand = torch.tensor([unique[tuple(r.context)] for r in rows], device=self.device)
             if len(contexts) != len(rows):
@@ -228,6 +232,8 @@ class TransformersPolicy:
                 )
                 step_pos = step_pos + 1
                 mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], dim=1)
+                if on_cpu:
+                    threads.adapt()  # a neighbour may have come or gone: cheap between measurements
                 out = self.model(
                     input_ids=step_ids,
                     attention_mask=mask,

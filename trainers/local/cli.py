@@ -78,6 +78,9 @@ def train(
         import shutil
 
         shutil.rmtree(settings.output_dir if settings is not None else sft.output_dir, ignore_errors=True)
+    from rstar_env import threads
+
+    threads.configure(settings.threads if settings is not None else sft.threads)  # the SFT stage's process inherits it
     started = time.monotonic()
     if settings is None:
         _sft_alone(run, sft, max_steps, started)

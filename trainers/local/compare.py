@@ -168,8 +168,6 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
     back as ``("step", arm, seed, metrics)`` and ``("progress", key, done, total, description)``."""
     import os
 
-    import torch
-
     from rstar_trainers.local.trainer import LocalTrainer
 
     global _interrupted
@@ -186,7 +184,8 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
     try:
         if _stopping.is_set():
             return
-        torch.set_num_threads(threads)
+        # This arm's share of the cores, fixed: the other arms are not neighbours to make room for.
+        settings_data = {**settings_data, "threads": threads}
         report = _arm_progress(lambda *args: send("progress", *args), arm, seed)
         trainer = LocalTrainer(
             RunConfig.model_validate(run_data), LocalTrainerConfig.model_validate(settings_data), on_progress=report

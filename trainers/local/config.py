@@ -54,6 +54,9 @@ class LocalSFTConfig(BaseModel):
     output_dir: str = "runs/sft"
     seed: int = 42
     device: str = "cpu"
+    threads: PositiveInt | Literal["auto"] = "auto"
+    """Torch's CPU threads: ``auto`` sizes them to the cores other programs leave free, re-measured as it runs
+    (every core when idle, fewer beside a busy neighbour: :mod:`rstar_env.threads`); a number fixes them."""
 
     max_len: PositiveInt = 8192
     """Tokens per conversation; longer ones are cut (their tail is not trained on)."""
@@ -124,6 +127,9 @@ class LocalTrainerConfig(RLHyperparameters):
     this section's): RL then starts from its weights. A rerun finds the finished stage and goes on."""
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N`` (``rstar-env train/compare --device`` overrides it)."""
+    threads: PositiveInt | Literal["auto"] = "auto"
+    """Torch's CPU threads: ``auto`` sizes them to the cores other programs leave free, re-measured as it runs
+    (every core when idle, fewer beside a busy neighbour: :mod:`rstar_env.threads`); a number fixes them."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute precision of the rollout and training forward passes (autocast); weights and optimizer state stay
     float32. ``bfloat16`` where the device has it (recent GPUs); set ``logprob_gap`` to see what it costs."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rstar_env import threads
 from rstar_env.config import RunConfig
 from rstar_env.data import DataError, load_dataset
 from rstar_env.rollout.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
@@ -86,6 +87,7 @@ class SFTTrainer:
         self.run = run
         self.on_progress = on_progress
         self.cfg = settings
+        threads.configure(settings.threads)
         self.out = Path(settings.output_dir)
         loading = self._reporter("model", f"loading {settings.model}") if model_and_tokenizer is None else None
         if loading is not None:
@@ -188,6 +190,8 @@ class SFTTrainer:
         for lo in range(0, len(batch), self.cfg.micro_train_batch_size):
             micro = batch[lo : lo + self.cfg.micro_train_batch_size]
             ids, attention, mask = self._batch([self.examples[i] for i in micro])
+            if str(self.cfg.device).startswith("cpu"):
+                threads.adapt()  # the cores other programs leave free (rstar_env.threads)
             loss = masked_token_loss(self.model, ids, attention, mask) / total_tokens
             loss.backward()
             loss_sum += loss.item()

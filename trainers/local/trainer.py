@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rstar_env import threads
 from rstar_env.config import RunConfig, load_config
 from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
@@ -106,6 +107,7 @@ class LocalTrainer:
         from then on); ``on_progress``: see :attr:`on_progress` (here also the model's loading)."""
         self.run = run
         self.cfg = settings
+        threads.configure(settings.threads)
         self.out = Path(settings.output_dir)
         self.on_progress: Callable[[str, int, int, str], None] | None = on_progress
         """``(key, done, total, description)`` as rollouts, updates and held-out episodes finish (progress)."""
@@ -374,6 +376,7 @@ class LocalTrainer:
             batch = sorted(batch, key=lambda i: len(samples[i].input_ids))
             for lo in range(0, len(batch), self.cfg.micro_batch_size):
                 micro = batch[lo : lo + self.cfg.micro_batch_size]
+                self._adapt_threads()
                 parts = self._micro_loss(
                     [samples[i] for i in micro],
                     [old[i] for i in micro],
@@ -414,6 +417,10 @@ class LocalTrainer:
         device = self.cfg.device
         return ids.to(device), attention.to(device), action.to(device)
 
+    def _adapt_threads(self) -> None:
+        if str(self.cfg.device).startswith("cpu"):
+            threads.adapt()
+
     def _per_sample_logprobs(self, model: Any, samples: Sequence[Sample]) -> list[torch.Tensor]:
         """Each sample's next-token log-probs (length ``len(input_ids) - 1``), computed in micro-batches."""
         order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
@@ -421,6 +428,7 @@ class LocalTrainer:
         for lo in range(0, len(order), self.cfg.micro_batch_size):
             micro = order[lo : lo + self.cfg.micro_batch_size]
             ids, attention, action = self._batch([samples[i] for i in micro])
+            self._adapt_threads()
             with autocast(self.cfg.dtype, self.cfg.device):
                 logp, _ = masked_token_logprobs(model, ids, attention, action)
             for row, i in enumerate(micro):
