@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -33,52 +33,40 @@ def test_others_are_all_work_on_our_cores_but_our_own():
     assert others_busy(before, before) == 0.0
 
 
-BUSY_ORPHAN = """
-import os, sys, time
-pid = os.fork()
-if pid:
-    print(pid, flush=True)
-    os._exit(0)
-os.setsid()
-end = time.monotonic() + 30
-while time.monotonic() < end:
-    pass
+ORPHAN = (
+    "import os, time\nif os.fork():\n    os._exit(0)\n"
+    "end = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"
+)
+"""A CPU-bound process whose parent exits at once: re-parented away from the tree of the one that started it."""
+
+MEASURE = f"""
+import json, os, subprocess, sys, time
+from rstar_env import threads
+from rstar_env.threads import others_busy
+subprocess.run([sys.executable, "-c", {ORPHAN!r}], check=True)
+child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+time.sleep(0.3)
+cores = threads._cores()
+first = threads.sample(cores)
+time.sleep(1.5)
+second = threads.sample(cores)
+child.kill()
+seconds = second.at - first.at
+own = (second.own - first.own) / os.sysconf("SC_CLK_TCK") / seconds
+print(json.dumps({{"own": own, "others": others_busy(first, second)}}))
 """
-
-
-def _busy(orphan: bool) -> int:
-    """A CPU-bound process: our child, or (orphan) one re-parented away from our process tree."""
-    if orphan:
-        out = subprocess.run([sys.executable, "-c", BUSY_ORPHAN], capture_output=True, text=True, check=True)
-        return int(out.stdout)
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"]).pid
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-    except ProcessLookupError:
-        pass
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="measures /proc (Linux)")
 def test_a_busy_program_outside_our_tree_counts_and_our_own_child_does_not():
-    cores = threads._cores()
-    stranger, child = _busy(orphan=True), _busy(orphan=False)
+    # In a fresh process: this one may be a child subreaper (the sandbox makes it one), which would adopt the orphan.
     try:
-        time.sleep(0.3)
-        first = threads.sample(cores)
-        time.sleep(1.5)
-        second = threads.sample(cores)
+        out = subprocess.run([sys.executable, "-c", MEASURE], capture_output=True, text=True, timeout=60, check=True)
     finally:
-        _kill(stranger)
-        _kill(child)
-    seconds = second.at - first.at
-    assert (second.own - first.own) / TICK / seconds > 0.3  # the child's work is ours
-    assert others_busy(first, second) > 0.3  # the orphan's is not (whatever else the machine runs adds to it)
+        subprocess.run(["pkill", "-f", "end = time.monotonic"], check=False)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    assert measured["own"] > 0.3, measured  # the child's work is ours
+    assert measured["others"] > 0.3, measured  # the orphan's is not (whatever else the machine runs adds to it)
 
 
 def test_a_fixed_count_applies_to_the_calling_thread(monkeypatch):
