@@ -24,6 +24,7 @@ LOWER, HIGHER = 0.3, 0.1
 
 
 def run_config(tmp_path, **trainer):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "rows.jsonl"
     data.write_text(
         "".join(
@@ -107,12 +108,15 @@ def tiny(tiny_llama):
     return tiny_llama
 
 
-def test_a_separate_engine_logs_the_gap_and_the_ratio_starts_at_one(tmp_path, tiny):
-    skewed = Skewed(tmp_path, tiny, separate=True)
+@pytest.mark.parametrize("updates", [1, 2])
+def test_a_separate_engine_logs_the_gap_and_the_ratio_starts_at_one(tmp_path, tiny, updates):
+    skewed = Skewed(tmp_path, tiny, separate=True, updates_per_step=updates)
     metrics = skewed.step()
     even, odd = skewed.token_counts()
     assert even > 0 and odd > 0 and metrics["train/samples"] == 6
-    assert skewed.forward_passes == 1  # the teacher-forced pass of the old weights
+    # One update per step: its own forward pass is the old policy's (no update has happened yet); with two, the
+    # second mini-batch comes after an update, so a teacher-forced pass of the old weights runs first.
+    assert skewed.forward_passes == (0 if updates == 1 else 1)
     assert metrics["logprob_gap/tokens"] == even + odd
     assert metrics["logprob_gap/mean_abs"] == pytest.approx((LOWER * even + HIGHER * odd) / (even + odd), abs=1e-3)
     assert metrics["logprob_gap/max_abs"] == pytest.approx(LOWER, abs=1e-3)
@@ -122,8 +126,37 @@ def test_a_separate_engine_logs_the_gap_and_the_ratio_starts_at_one(tmp_path, ti
     assert metrics["clip_fraction"] == 0.0
     tokens = [sum(s.action_mask[1:]) for s in skewed.samples]
     expected = -sum(s.advantage * n for s, n in zip(skewed.samples, tokens, strict=True)) / sum(tokens)
-    assert metrics["loss"] == pytest.approx(expected, abs=1e-5)
+    if updates == 1:
+        assert metrics["loss"] == pytest.approx(expected, abs=1e-5)
     assert not any(key.startswith("tis/") for key in metrics)
+
+
+def test_the_update_pass_as_old_policy_gives_the_weights_of_a_separate_teacher_forced_pass(tmp_path, tiny):
+    """The single-pass shortcut changes no weight: the same step with the old policy taken from a teacher-forced
+    pass beforehand (our own engine's path, its log-probs replaced by that pass's) ends at the same weights."""
+    shortcut = Skewed(tmp_path / "a", tiny, separate=True)
+    shortcut.step()
+    reference = Skewed(tmp_path / "b", tiny, separate=False)
+    select = reference.trainer.select
+
+    def exact_old(groups):
+        samples, selection = select(groups)
+        with torch.no_grad():
+            forced = reference.trainer._per_sample_logprobs(reference.trainer.model, samples)
+        for sample, row in zip(samples, forced, strict=True):
+            sample.logprobs = [0.0, *row.tolist()]
+        return samples, selection
+
+    reference.trainer.select = exact_old
+    reference.step()
+    assert [s.input_ids for s in shortcut.samples] == [s.input_ids for s in reference.samples]
+    changed = 0
+    for (name, a), b in zip(
+        shortcut.trainer.model.named_parameters(), reference.trainer.model.parameters(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
+        changed += int(not torch.equal(a, tiny[0].get_parameter(name)))
+    assert changed > 0  # the step did update the weights
 
 
 def test_our_own_engine_takes_the_sampler_logprobs_with_no_extra_pass(tmp_path, tiny):
@@ -141,7 +174,7 @@ def test_tis_cap_weights_each_token_and_logs_the_weights(tmp_path, tiny, separat
     skewed = Skewed(tmp_path, tiny, separate=separate, tis_cap=cap)
     metrics = skewed.step()
     even, odd = skewed.token_counts()
-    assert skewed.forward_passes == 1  # the trainer's old log-probs, also on our own engine
+    assert skewed.forward_passes == 0  # the trainer's old log-probs, also on our own engine: the update's own pass
     assert metrics["tis/capped_share"] == pytest.approx(even / (even + odd))
     weight_mean = (cap * even + math.exp(-HIGHER) * odd) / (even + odd)
     assert metrics["tis/weight_mean"] == pytest.approx(weight_mean, abs=1e-3)

@@ -136,14 +136,15 @@ class LocalTrainerConfig(RLHyperparameters):
     logprob_gap: bool = False
     """Each step, also run a teacher-forced pass on the kept trajectories and log how far the sampler's log-probs
     are from it (``logprob_gap/mean_abs``, ``logprob_gap/outside_clip``: share of tokens whose ratio is outside
-    ``1 + clip_high``). Costs one more forward pass per step; only at temperature 1 without top-p. A rollout
+    ``1 + clip_high``). Free with one update per step (the update's own forward pass scores them), else one more
+    forward pass per step; only at temperature 1 without top-p. A rollout
     engine that is not the trained model itself (``policy.engine: vllm``) logs these every step regardless."""
     tis_cap: float | None = None
     """Truncated importance sampling (verl, TRL): multiply each generated token's policy-gradient term by
     ``min(exp(trainer_logp - sampler_logp), tis_cap)``, the trainer's teacher-forced log-prob of the old weights
     against the rollout engine's, to correct for their numerical mismatch; logs ``tis/weight_mean`` and
-    ``tis/capped_share``. Unset (the default): no correction. Costs the teacher-forced pass on the transformers
-    engine; only at temperature 1 without top-p, where both log-probs are of the same distribution."""
+    ``tis/capped_share``. Unset (the default): no correction. With more than one update per step, costs a
+    teacher-forced pass; only at temperature 1 without top-p, where both log-probs are of the same distribution."""
     output_dir: str = "runs/local"
     seed: int = 0
 

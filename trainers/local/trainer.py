@@ -337,32 +337,35 @@ class LocalTrainer:
 
         The old policy of the clipped ratio is the sampler's log-probs when our own loop sampled from the trained
         model at temperature 1 without top-p; otherwise (a separate rollout engine, another temperature or top-p,
-        or ``tis_cap``) a teacher-forced pass of the trained model before any update. With a separate engine the
-        engine-against-trainer gap (``logprob_gap/*``) is logged every step; with ``tis_cap`` each generated
-        token's policy term is weighted by ``min(exp(old - sampler), tis_cap)`` (``tis/*`` metrics)."""
+        or ``tis_cap``) the trained model's own log-probs before any update: with one update per step those of the
+        update's forward pass itself (the weights do not change before its only optimizer step), else a
+        teacher-forced pass first. With a separate engine the engine-against-trainer gap (``logprob_gap/*``) is
+        logged every step; with ``tis_cap`` each generated token's policy term is weighted by
+        ``min(exp(old - sampler), tis_cap)`` (``tis/*`` metrics)."""
         self.model.train()
         order = np.random.default_rng([self.cfg.seed, self.step]).permutation(len(samples)).tolist()
         minibatches = [order[i :: self.cfg.updates_per_step] for i in range(self.cfg.updates_per_step)]
-        gap: dict[str, float] = {}
-        tis: dict[str, float] = {}
-        weights: list[torch.Tensor] | None = None
         untempered = self.cfg.temperature == 1.0 and self.cfg.top_p == 1.0
         # A separate engine's log-probs come from other kernels on another copy of the weights: taken as the old
         # policy they would start the ratio away from 1 by that mismatch alone (verl #2953, TRL #4530).
         forced_old = not untempered or self.separate_rollout_engine or self.cfg.tis_cap is not None
+        wants_forced = forced_old or (self.cfg.logprob_gap and untempered)
+        # One mini-batch: the update's own forward pass is the teacher-forced pass (a third less work per step).
+        own_pass = wants_forced and sum(1 for b in minibatches if b) == 1
+        forced: list[torch.Tensor | None] = [None] * len(samples)
+        old: list[torch.Tensor | None] = [None] * len(samples)
+        weights: list[torch.Tensor] | None = None
         with torch.no_grad():  # the old policy's log-probs, before any update of this step
-            forced = None
-            if forced_old or (self.cfg.logprob_gap and untempered):
-                forced = self._per_sample_logprobs(self.model, samples)
-            if forced is not None and untempered:  # at another temperature the gap would measure the temperature
-                gap = logprob_gap(forced, samples, self.cfg.clip_high)
-            old = forced if forced_old else None
-            if old is None:
+            if wants_forced and not own_pass:
+                forced = list(self._per_sample_logprobs(self.model, samples))
+            if not forced_old:
                 # Sampling at temperature 1 without top-p draws from the model's own distribution, so the sampler's
                 # log-probs are the old policy's (tests/test_rollout_local.py checks they match a forward pass).
                 old = [torch.tensor(s.logprobs[1:], device=self.cfg.device) for s in samples]
-            if self.cfg.tis_cap is not None:
-                weights, tis = tis_weights(old, samples, self.cfg.tis_cap)
+            elif not own_pass:
+                old = list(forced)
+            if self.cfg.tis_cap is not None and not own_pass:
+                weights = tis_weights(old, samples, self.cfg.tis_cap)[0]  # type: ignore[arg-type]
             ref = self._per_sample_logprobs(self.reference, samples) if self.reference is not None else None
         totals: dict[str, list[float]] = defaultdict(list)
         for batch in minibatches:
@@ -377,7 +380,7 @@ class LocalTrainer:
             for lo in range(0, len(batch), self.cfg.micro_batch_size):
                 micro = batch[lo : lo + self.cfg.micro_batch_size]
                 self._adapt_threads()
-                parts = self._micro_loss(
+                parts, rows = self._micro_loss(
                     [samples[i] for i in micro],
                     [old[i] for i in micro],
                     [ref[i] for i in micro] if ref else None,
@@ -385,12 +388,23 @@ class LocalTrainer:
                     [weights[i] for i in micro] if weights is not None else None,
                 )
                 parts.loss.backward()
+                if own_pass:
+                    for i, row in zip(micro, rows, strict=True):
+                        forced[i] = row
                 for key in ("policy", "kl", "entropy", "clip_fraction"):
                     totals[key].append(getattr(parts, key))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)  # free the gradients before the next rollout
             totals["grad_norm"].append(float(grad_norm))
+        scored = [i for i, f in enumerate(forced) if f is not None]  # own pass: samples of a batch with no tokens
+        teacher_forced = [forced[i] for i in scored]
+        gap: dict[str, float] = {}
+        tis: dict[str, float] = {}
+        if teacher_forced and untempered:  # at another temperature the gap would measure the temperature
+            gap = logprob_gap(teacher_forced, [samples[i] for i in scored], self.cfg.clip_high)  # type: ignore[arg-type]
+        if teacher_forced and self.cfg.tis_cap is not None:
+            tis = tis_weights(teacher_forced, [samples[i] for i in scored], self.cfg.tis_cap)[1]  # type: ignore[arg-type]
         return {
             "loss": sum(totals["policy"]) / max(len(minibatches), 1),
             "entropy": sum(totals["entropy"]) / max(len(minibatches), 1),
@@ -438,22 +452,30 @@ class LocalTrainer:
     def _micro_loss(
         self,
         samples: Sequence[Sample],
-        old: Sequence[torch.Tensor],
+        old: Sequence[torch.Tensor | None],
         ref: Sequence[torch.Tensor] | None,
         total_tokens: int,
         weights: Sequence[torch.Tensor] | None = None,
-    ) -> Any:
+    ) -> tuple[Any, list[torch.Tensor]]:
+        """The loss parts of one micro-batch, and each sample's next-token log-probs of this pass (detached). An
+        ``old`` of ``None`` means this pass is the old policy (no update yet this step): the ratio is then exactly
+        1 and ``tis_cap``'s weights come from this pass too."""
         ids, attention, action = self._batch(samples)
         with autocast(self.cfg.dtype, self.cfg.device):
             logp, entropy = masked_token_logprobs(
                 self.model, ids, attention, action, entropy_grad=self.cfg.entropy_coef > 0
             )
         width = logp.shape[1]
-        old_t = torch.stack([_pad_to(o, width) for o in old])
+        rows = [logp[r, : len(s.input_ids) - 1].detach() for r, s in enumerate(samples)]
+        if any(o is None for o in old):
+            old = rows
+            if self.cfg.tis_cap is not None:
+                weights = tis_weights(rows, samples, self.cfg.tis_cap)[0]
+        old_t = torch.stack([_pad_to(o, width) for o in old])  # type: ignore[arg-type]
         ref_t = torch.stack([_pad_to(r, width) for r in ref]) if ref else None
         weights_t = torch.stack([_pad_to(w, width) for w in weights]).to(logp.device) if weights else None
         advantages = torch.tensor([s.advantage for s in samples], device=logp.device)
-        return clipped_policy_loss(
+        parts = clipped_policy_loss(
             logp,
             old_t,
             advantages,
@@ -467,6 +489,7 @@ class LocalTrainer:
             entropy_coef=self.cfg.entropy_coef,
             token_weights=weights_t,
         )
+        return parts, rows
 
     def _save_trajectories(self, trajectories: Sequence[Trajectory]) -> None:
         with (self.out / "trajectories.jsonl").open("a", encoding="utf-8") as handle:
