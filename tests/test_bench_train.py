@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from rstar_env.bench.train import neighbours, run_engine, tree_rss_bytes
+from rstar_env.bench.train import neighbours, run_engine, tree_pss_bytes, tree_rss_bytes
 from rstar_env.cli import main
 
 ROWS = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a), "id": f"p{a}"} for a in range(1, 5)]
@@ -35,6 +35,7 @@ def test_tree_memory_counts_the_children():
     try:
         assert parent.stdout.readline().strip() == b"ready"
         assert tree_rss_bytes(parent.pid) > 300 * 2**20  # the grandchild's buffer is resident (bytearray zero-fills it)
+        assert 300 * 2**20 < tree_pss_bytes(parent.pid) <= tree_rss_bytes(parent.pid)
     finally:
         import os
         import signal
@@ -45,6 +46,31 @@ def test_tree_memory_counts_the_children():
     while tree_rss_bytes(parent.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert tree_rss_bytes(parent.pid) == 0
+
+
+SHARING = """
+import os, sys, time
+b = bytearray(200 * 2**20)
+if os.fork() == 0:  # the child shares the buffer's pages until one side writes
+    time.sleep(60)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_pages_shared_by_a_fork_count_once_in_pss_and_twice_in_rss():
+    parent = subprocess.Popen([sys.executable, "-c", SHARING], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert parent.stdout.readline().strip() == b"ready"
+        rss, pss = tree_rss_bytes(parent.pid), tree_pss_bytes(parent.pid)
+        assert rss > 400 * 2**20 and 200 * 2**20 < pss < 300 * 2**20, (rss, pss)
+    finally:
+        import os
+        import signal
+
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -118,6 +144,7 @@ def test_each_engine_runs_the_job_and_the_sft_stage_is_trained_once(tmp_path, jo
     assert second["sft_s"] == 0.0 and second["rl_s"] > 0
     assert second["pass@1_before"] is not None and second["pass@1_after"] is not None
     assert second["peak_tree_gib"] > 0.05  # torch alone holds more than 50 MiB
+    assert 0.05 < second["peak_tree_pss_gib"] <= second["peak_tree_gib"]
     log = (tmp_path / "b.log").read_text()
     assert "SFT steps" not in log and "RL stage" in log
 

@@ -53,6 +53,28 @@ def test_config_policy_engine():
         load_config({"policy": {"engine": "tgi"}})
 
 
+def test_the_cpu_kv_cache_fits_the_model_and_the_setting(tmp_path, monkeypatch):
+    import json
+
+    from rstar_env.rollout.vllm import cpu_kv_cache_bytes, kv_bytes_per_token
+
+    # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64 -> 2 * 30 * 3 * 64 * 4 bytes = 46,080 a token in float32.
+    small = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    (tmp_path / "config.json").write_text(json.dumps({**small, "max_position_embeddings": 8192}))
+    monkeypatch.delenv("RSTAR_VLLM_CPU_KV_GIB", raising=False)
+    assert kv_bytes_per_token(tmp_path) == 46_080 and kv_bytes_per_token(tmp_path, "bfloat16") == 23_040
+    assert cpu_kv_cache_bytes(tmp_path) == 2**30  # one 8192-token request needs 0.35 GiB: the 1 GiB floor
+    # A long-context model: one request of its full length needs more than the floor, which vLLM would refuse.
+    (tmp_path / "config.json").write_text(json.dumps({**small, "max_position_embeddings": 32768, "head_dim": 128}))
+    assert cpu_kv_cache_bytes(tmp_path) == int(1.1 * 2 * 30 * 3 * 128 * 4 * 32768)
+    assert cpu_kv_cache_bytes(tmp_path, max_model_len=4096) == 2**30
+    monkeypatch.setenv("RSTAR_VLLM_CPU_KV_GIB", "0.5")
+    assert cpu_kv_cache_bytes(tmp_path) == 2**29
+    monkeypatch.setenv("RSTAR_VLLM_CPU_KV_GIB", "lots")
+    with pytest.raises(ValueError, match="RSTAR_VLLM_CPU_KV_GIB must be a number of GiB"):
+        cpu_kv_cache_bytes(tmp_path)
+
+
 # -- the engine (slow) ------------------------------------------------------------------------------------------------
 def _require_vllm() -> None:
     # Reached only where the conftest did not skip the test (vLLM installed, or CI): a missing vLLM is a failure.

@@ -35,7 +35,8 @@ ENGINES = ("transformers", "vllm")
 
 
 def tree_rss_bytes(root: int) -> int:
-    """Resident memory of ``root`` and all its descendants (0 once it is gone)."""
+    """Resident memory of ``root`` and all its descendants (0 once it is gone): each process's RSS, summed, so
+    pages they share (libraries, a forked worker's untouched memory) count once per process."""
     from rstar_env.sandbox._proctree import descendants
 
     total, page = 0, os.sysconf("SC_PAGE_SIZE")
@@ -44,6 +45,21 @@ def tree_rss_bytes(root: int) -> int:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * page
         except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def tree_pss_bytes(root: int) -> int:
+    """The memory ``root`` and its descendants take from the machine: their proportional set sizes summed (a page
+    shared by n processes counts 1/n in each), which is what the tree adds to the machine's used memory."""
+    from rstar_env.sandbox._proctree import descendants
+
+    total = 0
+    for pid in (root, *descendants(root)):
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+        except (OSError, StopIteration, IndexError, ValueError):
             continue
     return total
 
@@ -86,12 +102,13 @@ def run_engine(
     command = [sys.executable, "-m", "rstar_env.cli", "train", "--config", str(path), "--output-dir", str(out)]
     start = time.perf_counter()
     sft_done_at = 0.0 if (not has_sft or sft_from is not None) else None
-    peak = 0
+    peak = peak_pss = 0
     with log.open("wb") as sink, neighbours(busy):
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
         try:
             while proc.poll() is None:
                 peak = max(peak, tree_rss_bytes(proc.pid))
+                peak_pss = max(peak_pss, tree_pss_bytes(proc.pid))
                 if sft_done_at is None and (out / "sft" / "done.json").exists():
                     sft_done_at = time.perf_counter() - start
                 time.sleep(0.5)
@@ -110,6 +127,7 @@ def run_engine(
         "pass@1_before": _held_out(out / "eval_start.json"),
         "pass@1_after": _held_out(out / "eval.json"),
         "peak_tree_gib": peak / 2**30,
+        "peak_tree_pss_gib": peak_pss / 2**30,
     }
 
 
@@ -182,12 +200,15 @@ def command(
         return
     beside = f", beside {neighbours} CPU-bound process(es)" if neighbours else ""
     click.echo(f"{config_path}: SFT stage {_minutes(result['sft_s'])} (trained once, shared by every engine{beside})")
-    click.echo("| engine | RL stage | end to end | held-out pass@1 before -> after | peak memory (tree) |")
+    click.echo(
+        "| engine | RL stage | end to end | held-out pass@1 before -> after | peak memory (tree: PSS / RSS sum) |"
+    )
     click.echo("|---|---|---|---|---|")
     for row in result["rows"]:
         click.echo(
             f"| {row['engine']} | {_minutes(row['rl_s'])} | {_minutes(row['end_to_end_s'])} | "
-            f"{_pass(row['pass@1_before'])} -> {_pass(row['pass@1_after'])} | {row['peak_tree_gib']:.2f} GiB |"
+            f"{_pass(row['pass@1_before'])} -> {_pass(row['pass@1_after'])} | "
+            f"{row['peak_tree_pss_gib']:.2f} / {row['peak_tree_gib']:.2f} GiB |"
         )
     by_engine = {row["engine"]: row for row in result["rows"]}
     if {"vllm", "transformers"} <= set(by_engine):

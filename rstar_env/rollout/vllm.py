@@ -111,7 +111,8 @@ class VLLMPolicy:
         max_model_len: the longest context + generation one request may have (default: the model's).
         enforce_eager: no CUDA graphs / compilation (faster start; the CPU default).
         engine_args: more ``AsyncEngineArgs`` fields (``gpu_memory_utilization``, ``max_num_seqs``, ...). On a
-            CPU the KV cache is ``kv_cache_memory_bytes`` (default: ``$RSTAR_VLLM_CPU_KV_GIB``, else 2 GiB).
+            CPU the KV cache is ``kv_cache_memory_bytes`` (default: ``$RSTAR_VLLM_CPU_KV_GIB`` GiB, else 1 GiB or
+            what one request of the model's full length needs, whichever is more: :func:`cpu_kv_cache_bytes`).
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class VLLMPolicy:
         if _on_cpu() and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & engine_args.keys():
             # On a CPU vLLM reserves gpu_memory_utilization (0.92) of the machine's memory by default and refuses
             # to start beside anything else: a fixed KV cache instead.
-            args["kv_cache_memory_bytes"] = int(float(os.environ.get("RSTAR_VLLM_CPU_KV_GIB", "2")) * 2**30)
+            args["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(self.folder, dtype, max_model_len)
         if _on_cpu():
             # vLLM's CPU runner rewinds a seeded request's generator when it discards the token of a partly
             # prefilled prompt, which CPU generators cannot do ("CPU Generator does not use offset": the engine
@@ -390,6 +391,42 @@ class VLLMPolicy:
 
     def __repr__(self) -> str:
         return f"VLLMPolicy(model={str(self.folder)!r})"
+
+
+def cpu_kv_cache_bytes(folder: Path, dtype: str = "float32", max_model_len: int | None = None) -> int:
+    """The KV cache to reserve on a CPU: ``$RSTAR_VLLM_CPU_KV_GIB`` GiB if set, else 1 GiB, raised to what one
+    request of ``max_model_len`` tokens (default: the model's) needs, as vLLM refuses to start with less.
+
+    1 GiB holds about 23,000 tokens of SmolLM2-135M in float32 (46 KB a token): 32 episodes of 700 tokens in flight,
+    the main job's most. Past that vLLM queues requests rather than failing."""
+    configured = os.environ.get("RSTAR_VLLM_CPU_KV_GIB")
+    if configured:
+        try:
+            return int(float(configured) * 2**30)
+        except ValueError:
+            raise ValueError(f"RSTAR_VLLM_CPU_KV_GIB must be a number of GiB (e.g. 1.5), got {configured!r}") from None
+    return max(2**30, int(1.1 * kv_bytes_per_token(folder, dtype) * (max_model_len or _model_length(folder))))
+
+
+def kv_bytes_per_token(folder: Path, dtype: str = "float32") -> int:
+    """Bytes of keys and values one token takes in every layer, from the model's ``config.json``."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    width = 4 if dtype == "float32" else 2
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * width
+
+
+def _model_length(folder: Path) -> int:
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config", config)
+    return int(config.get("max_position_embeddings") or 4096)
 
 
 def _on_cpu() -> bool:
