@@ -175,5 +175,6 @@ def test_a_stopped_eval_leaves_no_vllm_process(sig, tmp_path):
     if sig == signal.SIGTERM:  # the Ctrl-C path: the engine shut down, the exit status says SIGTERM
         assert code == 128 + signal.SIGTERM and stopped_s < 30, (code, stopped_s, log.read_text()[-2000:])
         assert "stopped: finished episodes are in" in log.read_text()
+        assert "Task was destroyed but it is pending" not in log.read_text()  # the engine's loop was drained
     else:
         assert code == -signal.SIGKILL

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import importlib.util
 import os
 import threading
@@ -386,6 +387,18 @@ class VLLMPolicy:
         return future.result(timeout)
 
     def _stop_loop(self) -> None:
+        # The engine's client leaves tasks on this loop (its output handler): cancelled and awaited here, or the
+        # interpreter reports each as "Task was destroyed but it is pending!" when it exits.
+        async def cancel_the_rest() -> None:
+            rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        if self._thread.is_alive() and not self._loop.is_closed():
+            # A task that will not end must not keep the policy from closing.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(cancel_the_rest(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
