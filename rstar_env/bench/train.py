@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,28 +37,34 @@ ENGINES = ("transformers", "vllm")
 def tree_rss_bytes(root: int) -> int:
     """Resident memory of ``root`` and all its descendants (0 once it is gone): each process's RSS, summed, so
     pages they share (libraries, a forked worker's untouched memory) count once per process."""
-    from rstar_env.sandbox._proctree import descendants
+    page = os.sysconf("SC_PAGE_SIZE")
 
-    total, page = 0, os.sysconf("SC_PAGE_SIZE")
-    for pid in (root, *descendants(root)):
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
+    def rss(pid: int) -> int:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    return _tree_sum(root, rss)
 
 
 def tree_pss_bytes(root: int) -> int:
     """The memory ``root`` and its descendants take from the machine: their proportional set sizes summed (a page
     shared by n processes counts 1/n in each), which is what the tree adds to the machine's used memory."""
+
+    def pss(pid: int) -> int:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+
+    return _tree_sum(root, pss)
+
+
+def _tree_sum(root: int, measure: Callable[[int], int]) -> int:
+    """``measure`` summed over ``root`` and its descendants; a process that is gone or unreadable counts 0."""
     from rstar_env.sandbox._proctree import descendants
 
     total = 0
     for pid in (root, *descendants(root)):
         try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+            total += measure(pid)
         except (OSError, StopIteration, IndexError, ValueError):
             continue
     return total

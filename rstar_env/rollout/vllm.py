@@ -423,10 +423,7 @@ def cpu_kv_cache_bytes(folder: Path, dtype: str = "float32", max_model_len: int 
 
 def kv_bytes_per_token(folder: Path, dtype: str = "float32") -> int:
     """Bytes of keys and values one token takes in every layer, from the model's ``config.json``."""
-    import json
-
-    config = json.loads((folder / "config.json").read_text())
-    config = config.get("text_config", config)
+    config = _text_config(folder)
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
@@ -435,11 +432,15 @@ def kv_bytes_per_token(folder: Path, dtype: str = "float32") -> int:
 
 
 def _model_length(folder: Path) -> int:
+    return int(_text_config(folder).get("max_position_embeddings") or 4096)
+
+
+def _text_config(folder: Path) -> dict[str, Any]:
+    """The language model's part of ``config.json`` (a multimodal config nests it under ``text_config``)."""
     import json
 
     config = json.loads((folder / "config.json").read_text())
-    config = config.get("text_config", config)
-    return int(config.get("max_position_embeddings") or 4096)
+    return dict(config.get("text_config", config))
 
 
 def _on_cpu() -> bool:
