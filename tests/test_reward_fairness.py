@@ -8,6 +8,9 @@ for longer than ``reward_timeout_s=20``: the correct answer and the last slow on
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -15,7 +18,7 @@ import pytest
 
 from rstar_env.testing import aplay, make_env
 from rstar_plugins.rewards import MathReward
-from rstar_plugins.rewards.pool import VerifierPool
+from rstar_plugins.rewards.pool import VerifierPool, _Scheduler
 
 
 def tower(k: int) -> str:
@@ -93,6 +96,37 @@ def test_an_untried_comparison_overtakes_slow_ones_and_every_slow_one_ends_in_ti
     assert max(done_at[i] for i in range(4)) < pool.latency_s + 1.0, done_at
     # More slow answers than the worker had room for within latency_s: those end as congestion timeouts.
     assert any("while other answers waited" in detail for _, detail in slow), slow
+
+
+def test_a_worker_that_reads_its_batch_late_still_yields_after_its_probe(monkeypatch) -> None:
+    # Under load the worker may read a batch after the pool's probe clock has run out: the first SIGUSR1 then comes
+    # before the worker's own probe has (or before it has read the batch at all), and it ignores it. CI once saw
+    # that slow answer run its whole timeout ahead of the others. The pool keeps asking until it yields.
+    original = _Scheduler.run_tasks
+    stopped: list[int] = []
+
+    def run_tasks_late(self: _Scheduler, slot, tasks, first: bool) -> None:
+        if first and not stopped:
+            pid = slot.worker.proc.pid
+            stopped.append(pid)
+            os.kill(pid, signal.SIGSTOP)  # the batch waits in the pipe while the pool's clock runs
+            threading.Timer(0.4, os.kill, (pid, signal.SIGCONT)).start()
+        original(self, slot, tasks, first)
+
+    monkeypatch.setattr(_Scheduler, "run_tasks", run_tasks_late)
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:
+        pool.start(wait=True)
+        order: list[str] = []
+        slow = pool.submit([(f"\\boxed{{{tower(5)}}}", "5")])[0]
+        fast = pool.submit([("\\boxed{x+1}", "1+x")])[0]
+        slow.add_done_callback(lambda _: order.append("slow"))
+        fast.add_done_callback(lambda _: order.append("fast"))
+        assert fast.result(timeout=30) == ("verified", "")
+        assert slow.result(timeout=30)[0] == "timeout"
+    assert stopped, "the worker was never held back: the scenario did not happen"
+    # Preempted, the slow answer's full attempt comes after the fast one; ignored, its first attempt ran to its
+    # timeout ahead of it.
+    assert order == ["fast", "slow"], order
 
 
 def test_within_one_request_the_order_is_first_come() -> None:

@@ -423,9 +423,13 @@ class _Scheduler:
         """The worker's next reply, or why it must be killed (a string). ``batch_waits``: ``None`` for a full
         attempt (never preempted); else whether comparisons of another request wait later in the same batch.
 
-        A first attempt that has run ``probe_s`` while others wait gets one ``SIGUSR1``. One stuck in C code
-        answers it only when it returns, so it is then held to the hard limit like any other: killing it sooner
-        would cost a worker restart (seconds of CPU) that the hard limit may never need."""
+        A first attempt that has run ``probe_s`` while others wait gets ``SIGUSR1`` every 50 ms until it answers.
+        One signal is not enough: this clock starts when the batch is sent, the worker's when it reads it, so under
+        load the first signal can come before the worker's own probe has run (or before it has read the batch), and
+        the worker rightly ignores it; a single ignored signal used to let that comparison run its whole timeout
+        ahead of the answers waiting. One stuck in C code answers only when it returns, so it is then held to the
+        hard limit like any other: killing it sooner would cost a worker restart (seconds of CPU) that the hard
+        limit may never need."""
         c = self.config
         started = time.monotonic()
         hard = started + c.timeout_s
@@ -446,7 +450,6 @@ class _Scheduler:
             if preemptible and now >= started + c.probe_s and (batch_waits or self.others_wait(request)):
                 with contextlib.suppress(OSError):
                     os.kill(worker.proc.pid, signal.SIGUSR1)
-                preemptible = False
 
     def _fail_or_close(self, task: _Task, detail: str) -> None:
         if self.closed:
