@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
-from rstar_env.bench.train import neighbours, run_engine, tree_pss_bytes, tree_rss_bytes
+from rstar_env.bench.train import PeakMemory, neighbours, run_engine, tree_pss_bytes, tree_rss_bytes
 from rstar_env.cli import main
 
 ROWS = [{"problem": f"What is {a} + {a}?", "answer": str(2 * a), "id": f"p{a}"} for a in range(1, 5)]
@@ -71,6 +71,27 @@ def test_pages_shared_by_a_fork_count_once_in_pss_and_twice_in_rss():
 
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
+
+
+def test_the_watcher_reads_pss_every_few_seconds_and_at_once_when_memory_grows(monkeypatch):
+    # PSS walks every page table (~90 ms beside a vLLM engine): read every half second it slowed the job it measured.
+    rss = [1000 * 2**20]
+    reads: list[float] = []
+    monkeypatch.setattr("rstar_env.bench.train.tree_rss_bytes", lambda pid: rss[0])
+    monkeypatch.setattr("rstar_env.bench.train.tree_pss_bytes", lambda pid: reads.append(now) or rss[0] // 2)
+    memory = PeakMemory(1, pss_every_s=5.0)
+    for tick in range(20):  # ten seconds of a steady tree, sampled every half second
+        now = tick * 0.5
+        memory.sample(now)
+    assert reads == [0.0, 5.0], reads
+    now = 10.0
+    rss[0] = 1100 * 2**20  # a new peak forming: read now, not at the next 5 s mark
+    memory.sample(now)
+    assert reads[-1] == 10.0 and memory.pss == 550 * 2**20 and memory.rss == 1100 * 2**20
+    rss[0] = 900 * 2**20
+    now = 10.5
+    memory.sample(now)
+    assert len(reads) == 3 and memory.rss == 1100 * 2**20  # peaks are kept
 
 
 def _cpu_ticks(pid: int) -> int:

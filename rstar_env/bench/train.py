@@ -6,7 +6,8 @@ SFT stage (a ``trainer.sft`` section) does not depend on the engine: the first e
 start from a copy of its result, so its time is reported once and every engine's end-to-end time is
 ``SFT + its own RL stage``. For each engine the table gives the RL stage's wall time (held-out evaluations
 included), the end-to-end time, the held-out pass@1 before and after RL, and the peak memory of the whole process
-tree (the trainer, its engine processes, sandbox and verifier workers), sampled every half second from ``/proc``.
+tree (the trainer, its engine processes, sandbox and verifier workers) from ``/proc``: the RSS sum every half
+second, the PSS (shared pages counted once) every few seconds (:class:`PeakMemory`).
 
 ``--neighbours N`` runs each job beside N CPU-bound processes (``while True: pass``), started before the job and
 stopped after it: a shared machine, where the job must not collapse when another program wants the cores.
@@ -70,6 +71,36 @@ def _tree_sum(root: int, measure: Callable[[int], int]) -> int:
     return total
 
 
+class PeakMemory:
+    """The peak RSS sum and peak PSS of a process tree, sampled by a watcher beside the job.
+
+    Reading PSS walks every page table (``/proc/PID/smaps_rollup``): about 90 ms for a trainer beside a vLLM
+    engine's two processes on an idle 2-core machine, 200 ms under load. Read every half second, as the RSS sum is
+    (2 ms), it took 20-40% of a core from the job it measured, and the job's torch threads, which wait for one
+    another at every operation, lost more than that: a recorded training update took 80 s watched so, 61 s
+    unwatched. So PSS is read every ``pss_every_s`` seconds, and at once when the RSS sum has grown by
+    ``pss_growth`` since the last PSS reading, where a new peak may be forming."""
+
+    def __init__(self, root: int, *, pss_every_s: float = 5.0, pss_growth: float = 0.02) -> None:
+        self.root = root
+        self.pss_every_s = pss_every_s
+        self.pss_growth = pss_growth
+        self.rss = 0
+        self.pss = 0
+        self.pss_reads = 0
+        self._pss_at = -float("inf")
+        self._rss_at_pss = 0
+
+    def sample(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        rss = tree_rss_bytes(self.root)
+        self.rss = max(self.rss, rss)
+        if now - self._pss_at >= self.pss_every_s or rss > self._rss_at_pss * (1 + self.pss_growth):
+            self.pss = max(self.pss, tree_pss_bytes(self.root))
+            self.pss_reads += 1
+            self._pss_at, self._rss_at_pss = now, rss
+
+
 def _held_out(path: Path) -> float | None:
     try:
         return float(json.loads(path.read_text())["pass@1"])
@@ -108,13 +139,12 @@ def run_engine(
     command = [sys.executable, "-m", "rstar_env.cli", "train", "--config", str(path), "--output-dir", str(out)]
     start = time.perf_counter()
     sft_done_at = 0.0 if (not has_sft or sft_from is not None) else None
-    peak = peak_pss = 0
     with log.open("wb") as sink, neighbours(busy):
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+        memory = PeakMemory(proc.pid)
         try:
             while proc.poll() is None:
-                peak = max(peak, tree_rss_bytes(proc.pid))
-                peak_pss = max(peak_pss, tree_pss_bytes(proc.pid))
+                memory.sample()
                 if sft_done_at is None and (out / "sft" / "done.json").exists():
                     sft_done_at = time.perf_counter() - start
                 time.sleep(0.5)
@@ -132,8 +162,8 @@ def run_engine(
         "rl_s": total - sft_s,
         "pass@1_before": _held_out(out / "eval_start.json"),
         "pass@1_after": _held_out(out / "eval.json"),
-        "peak_tree_gib": peak / 2**30,
-        "peak_tree_pss_gib": peak_pss / 2**30,
+        "peak_tree_gib": memory.rss / 2**30,
+        "peak_tree_pss_gib": memory.pss / 2**30,
     }
 
 
