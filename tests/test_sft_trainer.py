@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rstar_env import threads  # noqa: E402
 from rstar_env.config import ConfigError, load_config  # noqa: E402
 from rstar_env.data import generate_problems  # noqa: E402
 from rstar_env.rollout.sft_data import generate_tool_sft, sft_tokens  # noqa: E402
@@ -85,8 +86,10 @@ def test_a_few_sft_steps_teach_well_formed_calls(tmp_path, smollm2):
     assert before == 0.0 and after >= 0.75, (before, after)
 
 
-def test_resume_continues_exactly(tmp_path, tiny_llama):
+def test_resume_continues_exactly(tmp_path, tiny_llama, monkeypatch):
     model, tokenizer = tiny_llama  # the mechanics of resuming: any model shows them
+    # Bit for bit needs one thread count: `auto` follows the load, and the other test processes beside this one vary it.
+    monkeypatch.setenv(threads.ENV_VAR, "1")
     ids = [tokenizer.encode(f"Question {i}? Answer: {i * 7}.") for i in range(6)]
     from rstar_env.rollout.sft_data import SFTTokens
 
