@@ -19,7 +19,7 @@ vllm=""
 for arg in "$@"; do
     case $arg in
         --dev) dev=1 ;;
-        --vllm) vllm=1 ;;
+        --vllm) vllm=1 ;;  # the default; kept so that older instructions still work
         --no-vllm) vllm=0 ;;
         *) echo "setup: unknown option '$arg' (options: --dev, --vllm, --no-vllm)" >&2; exit 2 ;;
     esac
