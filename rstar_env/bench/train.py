@@ -87,7 +87,6 @@ class PeakMemory:
         self.pss_growth = pss_growth
         self.rss = 0
         self.pss = 0
-        self.pss_reads = 0
         self._pss_at = -float("inf")
         self._rss_at_pss = 0
 
@@ -97,7 +96,6 @@ class PeakMemory:
         self.rss = max(self.rss, rss)
         if now - self._pss_at >= self.pss_every_s or rss > self._rss_at_pss * (1 + self.pss_growth):
             self.pss = max(self.pss, tree_pss_bytes(self.root))
-            self.pss_reads += 1
             self._pss_at, self._rss_at_pss = now, rss
 
 
