@@ -357,6 +357,66 @@ def paired_differences(runs: dict[str, dict[int, list[dict[str, Any]]]], seeds: 
     return out
 
 
+HELD_OUT = ("pass@1", "tool_error_ratio", "tool_calls_per_trajectory", "answer_format_share")
+"""Figures of each arm's held-out report (``eval.json``, written after its last step when the config has an
+``eval_dataset``) whose per-seed difference RoC - GRPO is reported."""
+
+
+def held_out_differences(root: Path, seeds: Sequence[int]) -> dict[str, Any] | None:
+    """Per held-out figure: each arm's value per seed, each seed's RoC - GRPO, their mean and 95% t-interval over
+    the seeds where both arms have a report, and ``seeds_to_settle``: about how many seeds would put the interval
+    clear of zero if the mean difference and its spread stayed what they are (None when they already do, or when
+    the difference is zero). None when no arm has a held-out report."""
+    reports: dict[str, dict[str, dict[str, Any]]] = {arm: {} for arm in ARMS}
+    for arm in ARMS:
+        for seed in seeds:
+            path = arm_dir(root, arm, seed) / "eval.json"
+            if path.exists():
+                reports[arm][str(seed)] = json.loads(path.read_text())
+    if not any(reports.values()):
+        return None
+    out: dict[str, Any] = {}
+    both = [str(s) for s in seeds if str(s) in reports["roc"] and str(s) in reports["grpo"]]
+    for key in HELD_OUT:
+        per_arm = {arm: {s: float(r[key]) for s, r in by_seed.items() if key in r} for arm, by_seed in reports.items()}
+        per_seed = {
+            s: per_arm["roc"][s] - per_arm["grpo"][s] for s in both if s in per_arm["roc"] and s in per_arm["grpo"]
+        }
+        mean, low, high = t_interval(list(per_seed.values()))
+        out[key] = {
+            "per_arm": per_arm,
+            "per_seed": per_seed,
+            "mean": mean,
+            "ci95": [low, high],
+            "seeds_to_settle": seeds_to_settle(list(per_seed.values())),
+        }
+    return out
+
+
+def seeds_to_settle(differences: Sequence[float], level: float = 0.95) -> int | None:
+    """The smallest number of seeds n whose t-interval (``level``) would exclude zero if the differences kept their
+    mean and sample spread: ``t(n-1) * s / sqrt(n) < |mean|``. None when the interval already excludes zero, when
+    the mean is zero, or with fewer than two differences."""
+    kept = [d for d in differences if not math.isnan(d)]
+    if len(kept) < 2:
+        return None
+    mean, spread = fmean(kept), stdev(kept)
+    if mean == 0.0:
+        return None
+    if spread == 0.0:
+        return 2
+
+    def clear(n: int) -> bool:
+        return t_quantile(0.5 + level / 2, n - 1) * spread / math.sqrt(n) < abs(mean)
+
+    if clear(len(kept)):
+        return None
+    n = len(kept)
+    while not clear(n) and n < 100_000:
+        n += 1
+    return n
+
+
 def step1_paired(root: Path, seeds: Sequence[int]) -> dict[str, dict[str, int] | None]:
     """Per seed: how many step-1 rollouts both arms drew identically (every action's token ids), of how many.
     All of them, on one machine in float32; a GPU may flip a rare draw (see docs/roc_experiment.md), and the
@@ -438,6 +498,7 @@ def write_report(root: Path, seeds: Sequence[int], keep: int | None = None) -> d
         summary["arms"][arm] = entry
     summary["paired"] = paired_differences(runs, seeds)
     summary["paired_step1"] = step1_paired(root, seeds)
+    summary["held_out"] = held_out_differences(root, seeds)
     if keep is not None:
         summary["roc_check"] = _roc_check_all_seeds(root, seeds, keep)
         if summary["roc_check"] is not None:
@@ -501,6 +562,32 @@ def markdown_table(summary: dict[str, Any]) -> str:
                     "n/a (one seed)" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]",
                 ]
                 lines.append("| " + " | ".join(cells) + " |")
+    held_out = summary.get("held_out")
+    if held_out:
+        seed_keys = [str(s) for s in summary["seeds"]]
+        lines += [
+            "",
+            "Held-out (each arm's model after its last step, `eval_dataset`), per seed RoC - GRPO and mean with its "
+            "95% t-interval over seeds:",
+            "",
+            "| quantity | GRPO | GRPO-RoC | " + " | ".join(f"seed {s}" for s in seed_keys) + " | mean | 95% CI |",
+            "|" + "---|" * (5 + len(seed_keys)),
+        ]
+        for key, e in held_out.items():
+            low, high = e["ci95"]
+            # over the paired seeds only, so that the two columns and the difference speak of the same seeds
+            arms = [_mean([e["per_arm"][arm][s] for s in e["per_seed"]]) for arm in ("grpo", "roc")]
+            interval = "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}]"
+            if e["seeds_to_settle"]:
+                interval += f" (~{e['seeds_to_settle']} seeds to exclude 0)"
+            cells = [
+                key,
+                *(f"{v:.4f}" for v in arms),
+                *(f"{e['per_seed'][s]:+.4f}" if s in e["per_seed"] else "-" for s in seed_keys),
+                f"{e['mean']:+.4f}",
+                interval,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
     pairing = summary.get("paired_step1")
     if pairing:
         lines += [
