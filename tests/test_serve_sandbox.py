@@ -103,7 +103,8 @@ def test_verify_returns_the_reward_and_its_reason(url):
     assert right.json()["reward"] == 1.0 and right.json()["reason"] and right.json()["reward_plugin"] == "math"
     wrong = httpx.post(f"{url}/verify", json={"response": "\\boxed{3}", "answer": "4"}).json()
     assert wrong["reward"] == 0.0 and wrong["extracted"] == "3" and wrong["reason"]
-    assert httpx.post(f"{url}/verify", json={"response": "\\boxed{3}"}).status_code == 422
+    missing = httpx.post(f"{url}/verify", json={"response": "\\boxed{3}"})
+    assert missing.status_code == 400 and "gold" in missing.json()["message"]
 
 
 def test_oversized_requests_are_refused_before_they_are_read(url):

@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from rstar_env import __version__
 from rstar_env.runtime import runtime
-from rstar_env.serve.guard import Guard, check_bind
+from rstar_env.serve.fair import FairGate
+from rstar_env.serve.guard import Guard, check_bind, is_loopback
+from rstar_env.serve.net import header_protocol, raise_open_files, redact_logs
 from rstar_env.serve.resources import Resources
+from rstar_env.serve.sessions import Sessions
 
 ROUTES = ("env", "sandbox", "verify")
 """What a server can mount: the OpenEnv env, the SandboxFusion sandbox, the verifier."""
@@ -36,22 +42,46 @@ log = logging.getLogger("rstar_env.serve")
 
 @dataclass(frozen=True)
 class Limits:
-    """What one caller may ask of a server."""
+    """What one caller may ask of a server, and what the server holds for all of them."""
 
     max_sessions: int = 64
-    """Concurrent /ws sessions (and, separately, open HTTP episodes)."""
+    """Sessions of every kind together: /ws, /mcp sessions, HTTP episodes and /run_jupyter runs."""
     max_request_bytes: int = 1 << 20
     """One HTTP body or one WebSocket message."""
     max_session_s: float | None = 3600.0
-    """Wall-clock life of one /ws session (``None``: unlimited)."""
+    """Wall-clock life of one session of any kind (``None``: unlimited)."""
     idle_timeout_s: float | None = 600.0
-    """How long a /ws session or an HTTP episode may wait for its next message."""
+    """How long a session may wait for its next message or request."""
     drain_s: float = 10.0
     """At shutdown, how long running requests may take to finish."""
+    max_jupyter_cells: int = 256
+    """Cells of one /run_jupyter request."""
+    call_slots: int | None = None
+    """/run_code (and, separately, /verify) calls running at once; more wait their turn, fair per client.
+    ``None``: half the sandbox pool's workers for /run_code (the rest stay free for episodes' tool calls), twice
+    the CPUs for /verify."""
+    max_calls_per_client: int | None = None
+    """/run_code (and /verify) calls one client may have running at once (``None``: up to ``call_slots``)."""
+    max_connections: int = 8192
+    """Open connections (and running requests) before new ones get 503 (uvicorn's ``limit_concurrency``)."""
+    backlog: int = 8192
+    """Connections the kernel queues before the server accepts them (bounded by ``net.core.somaxconn``)."""
+    read_timeout_s: float = 10.0
+    """How long a request's headers, and then its body, may take to arrive."""
+    keep_alive_s: float = 5.0
+    """How long an idle HTTP connection stays open for its next request."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names answered besides the loopback names (``*``: any)."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins allowed besides loopback ones (``*``: any)."""
 
 
 def build_app(
-    resources: Resources, routes: Iterable[str] = ROUTES, *, limits: Limits = Limits(), token: str | None = None
+    resources: Resources,
+    routes: Iterable[str] = ROUTES,
+    *,
+    limits: Limits = Limits(),
+    token: str | Mapping[str, str] | None = None,
 ) -> Any:
     """The ASGI app: the chosen ``routes`` on ``resources``, behind the :class:`~rstar_env.serve.guard.Guard`.
     Its lifespan closes the sessions and then ``resources`` at shutdown."""
@@ -59,18 +89,12 @@ def build_app(
     unknown = set(chosen) - set(ROUTES)
     if unknown or not chosen:
         raise ValueError(f"routes must be some of {ROUTES}, got {chosen}")
-    episodes = None
+    sessions = Sessions(limits.max_sessions, idle_s=limits.idle_timeout_s, max_session_s=limits.max_session_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        server = getattr(app.state, "openenv_server", None)
-        destroy = getattr(server, "_destroy_session", None)  # OpenEnv's own way to close a session and its env
-        if destroy is not None:  # sessions whose disconnect the route had not seen yet
-            for session_id in list(getattr(server, "_sessions", {})):
-                await destroy(session_id)
-        if episodes is not None:
-            await episodes.close_all()
+        await sessions.close_all()  # every kind: its episode and sandbox session
         await resources.aclose()
 
     app = FastAPI(
@@ -79,10 +103,12 @@ def build_app(
         lifespan=lifespan,
         description="rstar-env's env (OpenEnv), sandbox (SandboxFusion) and verifier.",
     )
+    app.state.sessions = sessions
+    app.add_exception_handler(RequestValidationError, _bad_request)
     if "env" in chosen:
         from rstar_env.serve.env_server import add_env_routes
 
-        episodes = add_env_routes(app, resources, max_sessions=limits.max_sessions, idle_s=limits.idle_timeout_s)
+        add_env_routes(app, resources, sessions)
     else:
 
         @app.get("/health", tags=["Health"])
@@ -92,18 +118,36 @@ def build_app(
     if "sandbox" in chosen:
         from rstar_env.serve.sandbox_server import add_sandbox_routes
 
-        add_sandbox_routes(app, resources)
-    if "verify" in chosen or "sandbox" in chosen or "env" in chosen:
-        from rstar_env.serve.verify import add_verify_route
+        workers = int(getattr(resources.sandbox, "max_concurrency", 16) or 16)
+        gate = FairGate(limits.call_slots or max(1, workers // 2), limits.max_calls_per_client)
+        app.state.run_code_gate = gate
+        add_sandbox_routes(app, resources, sessions=sessions, gate=gate, max_cells=limits.max_jupyter_cells)
+    from rstar_env.serve.verify import add_verify_route
 
-        add_verify_route(app, resources)
+    verify_gate = FairGate(limits.call_slots or 2 * (os.cpu_count() or 1), limits.max_calls_per_client)
+    app.state.verify_gate = verify_gate
+    add_verify_route(app, resources, verify_gate)
     return Guard(
         app,
         token=token,
         max_request_bytes=limits.max_request_bytes,
         max_session_s=limits.max_session_s,
         idle_s=limits.idle_timeout_s,
+        allowed_hosts=limits.allowed_hosts,
+        allowed_origins=limits.allowed_origins,
+        read_timeout_s=limits.read_timeout_s,
     )
+
+
+async def _bad_request(request: Request, exc: Exception) -> JSONResponse:
+    """A request that does not validate is a 400 that names each field and what is wrong with it."""
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": list(error.get("loc", ())), "msg": error.get("msg", ""), "type": error.get("type", "")}
+        for error in exc.errors()
+    ]
+    named = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in errors)
+    return JSONResponse({"detail": errors, "message": f"invalid request: {named}"}, status_code=400)
 
 
 def serve(
@@ -112,7 +156,7 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    token: str | None = None,
+    token: str | Mapping[str, str] | None = None,
     limits: Limits = Limits(),
     log_level: str = "warning",
 ) -> None:
@@ -121,12 +165,16 @@ def serve(
     import uvicorn
 
     check_bind(host, token)
+    if not is_loopback(host) and host not in limits.allowed_hosts:
+        # Reached by a name or address this process cannot know; the token keeps strangers out.
+        limits = replace(limits, allowed_hosts=(*limits.allowed_hosts, "*"))
     app = build_app(resources, routes, limits=limits, token=token)
+    raise_open_files()  # one descriptor per connection: thousands of sessions need more than the usual 1024
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), port))
-    sock.listen(2048)
+    sock.listen(limits.backlog)
     sock.set_inheritable(False)
     config = uvicorn.Config(
         app,
@@ -137,7 +185,14 @@ def serve(
         # is closed before the message is even buffered.
         ws_max_size=max(4 * limits.max_request_bytes, limits.max_request_bytes + (1 << 20)),
         timeout_graceful_shutdown=limits.drain_s,
+        http=header_protocol(limits.read_timeout_s),
+        limit_concurrency=limits.max_connections,
+        timeout_keep_alive=limits.keep_alive_s,
+        backlog=limits.backlog,
+        h11_max_incomplete_event_size=16 * 1024,
     )
+    secrets = [token] if isinstance(token, str) else list(token or [])
+    redact_logs(secrets)  # after uvicorn.Config, which set up its loggers and handlers
     server = uvicorn.Server(config)
     # uvicorn turns SIGTERM/SIGINT into a graceful shutdown, then raises the signal again under the handler it found:
     # with this one, that ends serve() normally, so the cleanup below runs and the process exits 0.

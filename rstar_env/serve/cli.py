@@ -11,7 +11,7 @@ import click
 
 from rstar_env._cli_util import fail, one_line
 from rstar_env.serve import SERVE_EXTRA_HINT
-from rstar_env.serve.guard import TOKEN_ENV, BindError, check_bind, resolve_token
+from rstar_env.serve.guard import TOKEN_ENV, TOKEN_FILE_ENV, BindError, check_bind, resolve_token
 
 
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -26,7 +26,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--host",
             default="127.0.0.1",
             show_default=True,
-            help=f"Address to listen on; anything but loopback needs --token (or {TOKEN_ENV}).",
+            help=f"Address to listen on; anything but loopback needs a token (--token-file, or {TOKEN_ENV}).",
         ),
         click.option(
             "--port",
@@ -35,13 +35,35 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Port (0: a free one, printed on the 'listening on' line).",
         ),
-        click.option("--token", default=None, help=f"Token every request must carry (default: ${TOKEN_ENV})."),
+        click.option(
+            "--token",
+            default=None,
+            help=f"Token every request must carry. Visible to every local user in /proc/PID/cmdline: prefer "
+            f"--token-file or ${TOKEN_ENV}.",
+        ),
+        click.option(
+            "--token-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help=f"File of tokens, one a line: TOKEN, or NAME TOKEN to give each client its own (fair queueing and "
+            f"sessions go by name). Default: ${TOKEN_FILE_ENV}, then ${TOKEN_ENV}.",
+        ),
+        click.option(
+            "--allow-origin",
+            multiple=True,
+            help="Browser origin (scheme://host[:port]) allowed besides loopback ones; repeat for several; '*': any.",
+        ),
+        click.option(
+            "--allow-host",
+            multiple=True,
+            help="Host header answered besides loopback names (default for a non-loopback --host: any); '*': any.",
+        ),
         click.option(
             "--max-sessions",
             type=click.IntRange(min=1),
             default=64,
             show_default=True,
-            help="Concurrent /ws sessions (and open HTTP episodes).",
+            help="Sessions of every kind together: /ws, /mcp sessions, HTTP episodes, /run_jupyter runs.",
         ),
         click.option(
             "--max-request-bytes",
@@ -55,7 +77,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             type=click.FloatRange(min=0, min_open=True),
             default=3600.0,
             show_default=True,
-            help="Wall-clock life of one /ws session.",
+            help="Wall-clock life of one session of any kind.",
         ),
         click.option(
             "--idle-timeout-s",
@@ -63,6 +85,40 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             default=600.0,
             show_default=True,
             help="How long a session or HTTP episode may wait for its next message.",
+        ),
+        click.option(
+            "--max-jupyter-cells",
+            type=click.IntRange(min=1),
+            default=256,
+            show_default=True,
+            help="Cells of one /run_jupyter request.",
+        ),
+        click.option(
+            "--call-slots",
+            type=click.IntRange(min=1),
+            default=None,
+            help="/run_code (and /verify) calls running at once, more wait their turn fairly per client "
+            "[default: half the sandbox pool's workers; twice the CPUs for /verify].",
+        ),
+        click.option(
+            "--max-calls-per-client",
+            type=click.IntRange(min=1),
+            default=None,
+            help="/run_code (and /verify) calls one client may have running at once [default: --call-slots].",
+        ),
+        click.option(
+            "--max-connections",
+            type=click.IntRange(min=16),
+            default=8192,
+            show_default=True,
+            help="Open connections before new ones are answered 503.",
+        ),
+        click.option(
+            "--read-timeout-s",
+            type=click.FloatRange(min=0, min_open=True),
+            default=10.0,
+            show_default=True,
+            help="How long a request's headers, then its body, may take to arrive.",
         ),
         click.option(
             "--drain-s",
@@ -88,18 +144,26 @@ def _run(
     host: str,
     port: int,
     token: str | None,
+    token_file: str | None,
+    allow_origin: tuple[str, ...],
+    allow_host: tuple[str, ...],
     max_sessions: int,
     max_request_bytes: int,
     max_session_s: float,
     idle_timeout_s: float,
     drain_s: float,
+    max_jupyter_cells: int,
+    call_slots: int | None,
+    max_calls_per_client: int | None,
+    max_connections: int,
+    read_timeout_s: float,
     log_level: str,
     model: str | None = None,
     dataset: str | None = None,
 ) -> None:
-    token = resolve_token(token)
     try:
-        check_bind(host, token)  # before anything is built: a refused server starts nothing
+        tokens = resolve_token(token, token_file)
+        check_bind(host, tokens)  # before anything is built: a refused server starts nothing
     except BindError as exc:
         fail(str(exc))
     needed = ["fastapi", "uvicorn", *(["openenv"] if "env" in routes else [])]
@@ -120,9 +184,17 @@ def _run(
         max_session_s=max_session_s,
         idle_timeout_s=idle_timeout_s,
         drain_s=drain_s,
+        max_jupyter_cells=max_jupyter_cells,
+        call_slots=call_slots,
+        max_calls_per_client=max_calls_per_client,
+        max_connections=max_connections,
+        backlog=max(max_connections, 4096),
+        read_timeout_s=read_timeout_s,
+        allowed_hosts=allow_host,
+        allowed_origins=allow_origin,
     )
     try:
-        serve(resources, routes, host=host, port=port, token=token, limits=limits, log_level=log_level)
+        serve(resources, routes, host=host, port=port, token=tokens, limits=limits, log_level=log_level)
     except OSError as exc:  # the address is taken or cannot be bound
         fail(one_line(f"could not listen on {host}:{port}", exc))
 
@@ -131,8 +203,8 @@ def _run(
 def command() -> None:
     """Servers for other trainers: the env (OpenEnv), the sandbox (SandboxFusion) and the verifier (/verify).
 
-    Each binds 127.0.0.1 unless given --token; stops cleanly on SIGTERM (running requests finish, sessions and the
-    sandbox pool are closed).
+    Each binds 127.0.0.1 unless given a token (--token-file, or the environment); stops cleanly on SIGTERM
+    (running requests finish, sessions and the sandbox pool are closed).
     """
 
 

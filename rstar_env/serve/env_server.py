@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import uuid
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Body, FastAPI, HTTPException
+from fastapi import Body, FastAPI, HTTPException, Request
 from openenv.core.env_server import Action, Environment, Observation, State
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata, ServerCapacityStatus
@@ -39,7 +38,9 @@ from pydantic import Field, ValidationError, model_validator
 
 from rstar_env import ENV_ID, __version__
 from rstar_env.env import MathToolEnv
+from rstar_env.serve.guard import client_of
 from rstar_env.serve.resources import Resources
+from rstar_env.serve.sessions import CapacityError, Session, Sessions
 
 RESET_KEYS = frozenset({"problem", "answer", "id", "max_episode_steps"})
 """What a reset may carry besides ``seed`` and ``episode_id``."""
@@ -205,103 +206,87 @@ class MathToolEnvironment(Environment[MathToolAction, MathToolObservation, MathT
 
 
 class HttpEpisodes:
-    """Episodes driven over plain HTTP, kept by id between ``/reset`` and ``/step``: at most ``max_episodes``, each
-    closed when it ends, when it has been idle ``idle_s`` seconds, or at shutdown."""
+    """Episodes driven over plain HTTP, kept by id between ``/reset`` and ``/step``: each one a session of the
+    server's table (:class:`~rstar_env.serve.sessions.Sessions`: the one cap, the idle and lifetime limits), closed
+    when it ends, when a limit ends it, or at shutdown. Its id is the server's (128 random bits) and only the client
+    that made it reaches it: a client cannot name another client's episode, nor choose an id another client uses."""
 
-    def __init__(self, factory: Any, max_episodes: int, idle_s: float | None) -> None:
+    def __init__(self, factory: Any, sessions: Sessions) -> None:
         self.factory = factory
-        self.max_episodes = max_episodes
-        self.idle_s = idle_s
-        self.episodes: dict[str, tuple[MathToolEnvironment, float]] = {}
-        self.busy: set[str] = set()  # episodes with a step running: an env takes one step at a time
-        self._lock = asyncio.Lock()
+        self.sessions = sessions
 
-    async def reset(self, data: dict[str, Any]) -> dict[str, Any]:
-        await self.reap()
-        episode_id = str(data.pop("episode_id", None) or uuid.uuid4().hex)
-        async with self._lock:
-            old = self.episodes.pop(episode_id, None)
-            if old is None and len(self.episodes) >= self.max_episodes:
-                raise HTTPException(
-                    503,
-                    f"{len(self.episodes)} HTTP episodes are open, the most this server keeps "
-                    "(--max-sessions); finish or abandon some, or use /ws",
-                )
-        env = old[0] if old is not None else await asyncio.to_thread(self.factory)
+    async def reset(self, data: dict[str, Any], owner: str) -> dict[str, Any]:
+        given = data.pop("episode_id", None)
+        if given is not None:  # resetting an open episode of this client's: the same id, a new problem
+            session = self._find(given, owner, "/reset")
+            if session.busy:
+                raise HTTPException(409, f"episode {given!r} is still running a step; send one request at a time")
+        else:
+            try:
+                session = self.sessions.open("http", owner)  # the slot is taken now, before any await
+            except CapacityError as exc:
+                raise HTTPException(503, f"{exc}; finish HTTP episodes you started, or use /ws") from None
+            try:
+                env = await asyncio.to_thread(self.factory)
+            except BaseException:
+                await self.sessions.end(session)
+                raise
+            session.obj, session.close = env, functools.partial(_close, env)
         try:
-            obs = await env.reset_async(episode_id=episode_id, **data)
+            with self.sessions.using(session):
+                obs = await session.obj.reset_async(episode_id=session.id, **data)
         except Exception:
-            await _close(env)
+            await self.sessions.end(session)
             raise
-        async with self._lock:
-            self.episodes[episode_id] = (env, time.monotonic())
-        return _response(obs)
+        return response(obs)
 
-    async def step(self, episode_id: str | None, action: dict[str, Any]) -> dict[str, Any]:
-        await self.reap()
-        if not episode_id or episode_id not in self.episodes:
-            what = "no episode_id" if not episode_id else f"no open episode {episode_id!r}"
-            raise HTTPException(
-                409,
-                f"HTTP /step got {what}. Multi-turn episodes run over the WebSocket /ws "
-                "(OpenEnv's EnvClient / GenericEnvClient); over HTTP, send the episode_id that "
-                "/reset returned (observation.info.episode_id) with each /step. Episodes are "
-                "closed when they end or sit idle.",
-            )
+    async def step(self, episode_id: Any, action: dict[str, Any], owner: str) -> dict[str, Any]:
+        session = self._find(episode_id, owner, "/step")
         try:
             parsed = MathToolAction.model_validate(action)
         except ValidationError as exc:
             raise HTTPException(422, exc.errors(include_url=False, include_context=False)) from None
-        if episode_id in self.busy:
+        if session.busy:
             raise HTTPException(409, f"episode {episode_id!r} is still running a step; send one step at a time")
-        env, _ = self.episodes[episode_id]
-        self.busy.add(episode_id)
         try:
-            obs = await env.step_async(parsed)
+            with self.sessions.using(session):
+                obs = await session.obj.step_async(parsed)
         except ValueError as exc:  # a token-id action on a text-only server
             raise HTTPException(422, str(exc)) from None
-        finally:
-            self.busy.discard(episode_id)
         if obs.done:
-            async with self._lock:
-                self.episodes.pop(episode_id, None)
-            await _close(env)
-        else:
-            self.episodes[episode_id] = (env, time.monotonic())
-        return _response(obs)
+            await self.sessions.end(session)
+        return response(obs)
 
-    def state(self, episode_id: str | None) -> dict[str, Any]:
-        if not episode_id or episode_id not in self.episodes:
+    def state(self, episode_id: str | None, owner: str) -> dict[str, Any]:
+        session = self.sessions.get(episode_id, owner, "http")
+        if session is None:
             raise HTTPException(
                 409,
-                "GET /state needs ?episode_id= of an open HTTP episode; a /ws session asks "
+                "GET /state needs ?episode_id= of an open HTTP episode of yours; a /ws session asks "
                 'with a {"type": "state"} message',
             )
-        return self.episodes[episode_id][0].state.model_dump()
+        return session.obj.state.model_dump()  # type: ignore[no-any-return]
 
-    async def reap(self) -> None:
-        if self.idle_s is None:
-            return
-        now = time.monotonic()
-        async with self._lock:
-            stale = [key for key, (_, seen) in self.episodes.items() if now - seen > self.idle_s]
-            envs = [self.episodes.pop(key)[0] for key in stale]
-        for env in envs:
-            await _close(env)
-
-    async def close_all(self) -> None:
-        async with self._lock:
-            envs = [env for env, _ in self.episodes.values()]
-            self.episodes.clear()
-        for env in envs:
-            await _close(env)
+    def _find(self, episode_id: Any, owner: str, route: str) -> Session:
+        session = self.sessions.get(episode_id if isinstance(episode_id, str) else None, owner, "http")
+        if session is None or session.obj is None:
+            what = "no episode_id" if not episode_id else f"no open episode {episode_id!r} of yours"
+            raise HTTPException(
+                409,
+                f"HTTP {route} got {what}. Multi-turn episodes run over the WebSocket /ws "
+                "(OpenEnv's EnvClient / GenericEnvClient); over HTTP, /reset without an episode_id starts one, "
+                "and each /step sends the episode_id that /reset returned (observation.info.episode_id): ids are "
+                "the server's. Episodes are closed when they end or sit idle (--idle-timeout-s).",
+            )
+        return session
 
 
 async def _close(env: MathToolEnvironment) -> None:
     await asyncio.to_thread(env.close)
 
 
-def _response(obs: MathToolObservation) -> dict[str, Any]:
+def response(obs: MathToolObservation) -> dict[str, Any]:
+    """An observation as OpenEnv's clients read it: ``{"observation", "reward", "done"}``."""
     return {
         "observation": obs.model_dump(exclude={"reward", "done", "metadata"}),
         "reward": obs.reward,
@@ -309,51 +294,63 @@ def _response(obs: MathToolObservation) -> dict[str, Any]:
     }
 
 
-def add_env_routes(app: FastAPI, resources: Resources, *, max_sessions: int, idle_s: float | None) -> HttpEpisodes:
-    """Mount the OpenEnv routes (``/ws``, ``/health``, ``/schema``, ``/metadata``), ``/capacity`` and the by-id
-    HTTP ``/reset``, ``/step`` and ``/state`` on ``app``; returns the HTTP episodes (closed by the caller)."""
-    factory = functools.partial(MathToolEnvironment, resources)
-    server = HTTPEnvServer(
-        factory,
-        MathToolAction,
-        MathToolObservation,
-        # Idle /ws sessions are closed by the Guard (the socket too), not by OpenEnv's reaper,
-        # which would close the env and leave the socket open on it.
-        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions),
-    )
-    episodes = HttpEpisodes(factory, max_sessions, idle_s)
+def add_env_routes(app: FastAPI, resources: Resources, sessions: Sessions) -> HttpEpisodes:
+    """Mount ``/ws`` and ``/mcp`` (:mod:`rstar_env.serve.ws`), the by-id HTTP ``/reset``, ``/step`` and ``/state``,
+    ``/capacity``, and OpenEnv's stateless routes (``/health``, ``/schema``, ``/metadata``) on ``app``, every
+    session in ``sessions``; returns the HTTP episodes."""
+    from rstar_env.serve.ws import add_session_routes
 
+    factory = functools.partial(MathToolEnvironment, resources)
+    episodes = HttpEpisodes(factory, sessions)
     # Registered before OpenEnv's routes of the same paths, so these answer (Starlette takes the first match).
+    add_session_routes(app, sessions, factory, MathToolAction, _close)
+
     @app.post("/reset", tags=["Environment Control"], summary="Start an HTTP episode (kept by id)")
-    async def http_reset(body: Annotated[dict[str, Any] | None, Body()] = None) -> dict[str, Any]:
+    async def http_reset(request: Request, body: Annotated[dict[str, Any] | None, Body()] = None) -> dict[str, Any]:
         try:
-            return await episodes.reset(dict(body or {}))
+            return await episodes.reset(dict(body or {}), client_of(request.scope))
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
 
     @app.post("/step", tags=["Environment Control"], summary="Step an HTTP episode by its id")
-    async def http_step(body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    async def http_step(request: Request, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
         action = body.get("action")
         if not isinstance(action, dict):
             raise HTTPException(422, 'a /step body is {"action": {"text": ...}, "episode_id": ...}')
-        return await episodes.step(body.get("episode_id"), action)
+        return await episodes.step(body.get("episode_id"), action, client_of(request.scope))
 
     @app.get("/state", tags=["State Management"], summary="The state of an HTTP episode")
-    async def http_state(episode_id: str | None = None) -> dict[str, Any]:
-        return episodes.state(episode_id)
+    async def http_state(request: Request, episode_id: str | None = None) -> dict[str, Any]:
+        return episodes.state(episode_id, client_of(request.scope))
 
     @app.get("/capacity", tags=["Health"], summary="Sessions open and allowed")
     async def capacity() -> dict[str, Any]:
-        status = server.get_capacity_status()
+        counts = sessions.counts()
+        active = sum(counts.values())
         return {
-            **ServerCapacityStatus.from_counts(status.active_sessions, status.max_sessions).model_dump(),
-            "available_slots": status.available_slots,
-            "http_episodes": len(episodes.episodes),
+            **ServerCapacityStatus.from_counts(active, sessions.max_sessions).model_dump(),
+            "available_slots": max(sessions.max_sessions - active, 0),
+            "http_episodes": counts["http"],
+            "by_kind": counts,
         }
 
+    # OpenEnv's stateless routes; its /ws, /mcp, /reset and /step are shadowed by the ones above.
+    server = HTTPEnvServer(
+        factory,
+        MathToolAction,
+        MathToolObservation,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=sessions.max_sessions),
+    )
     server.register_routes(app)
-    app.state.openenv_server = server
     return episodes
 
 
-__all__ = ["MathToolAction", "MathToolEnvironment", "MathToolObservation", "MathToolState", "add_env_routes"]
+__all__ = [
+    "HttpEpisodes",
+    "MathToolAction",
+    "MathToolEnvironment",
+    "MathToolObservation",
+    "MathToolState",
+    "add_env_routes",
+    "response",
+]

@@ -17,16 +17,23 @@ Outcomes map onto SandboxFusion's: ``ok`` -> ``Success`` / ``Finished`` / return
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
-import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rstar_env.sandbox import ExecResult
+from rstar_env.serve.fair import FairGate
+from rstar_env.serve.guard import client_of
 from rstar_env.serve.resources import Resources, on_background
+from rstar_env.serve.sessions import CapacityError, Sessions
+
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A time limit: a finite number of seconds, not negative (NaN, infinity or -1 is a 400 naming the field)."""
 
 _SYSTEM_EXIT = re.compile(r"^SystemExit: (-?\d+)$")
 KILLED = 137
@@ -41,8 +48,8 @@ class RunCodeRequest(BaseModel):
     code: str
     language: str = "python"
     stdin: str | None = None
-    run_timeout: float = 10
-    compile_timeout: float = 10
+    run_timeout: Seconds = 10
+    compile_timeout: Seconds = 10
     files: dict[str, str | None] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
 
@@ -68,8 +75,8 @@ class RunJupyterRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     cells: list[str]
-    cell_timeout: float = 0
-    total_timeout: float = 45
+    cell_timeout: Seconds = 0
+    total_timeout: Seconds = 45
     kernel: str = "python3"
     files: dict[str, str] = Field(default_factory=dict)
     fetch_files: list[str] = Field(default_factory=list)
@@ -128,55 +135,94 @@ def run_result(result: ExecResult) -> tuple[CommandRunResult, str]:
     ), message
 
 
-def add_sandbox_routes(app: FastAPI, resources: Resources) -> None:
-    """Mount ``/run_code`` and ``/run_jupyter`` on ``app``, on ``resources``' sandbox."""
+def add_sandbox_routes(
+    app: FastAPI, resources: Resources, *, sessions: Sessions, gate: FairGate, max_cells: int = 256
+) -> None:
+    """Mount ``/run_code`` and ``/run_jupyter`` on ``app``, on ``resources``' sandbox: ``/run_code`` calls wait
+    their turn in ``gate`` (fair per client), a ``/run_jupyter`` run is a session of ``sessions`` (the one cap; its
+    time at most ``sessions.max_session_s``; at most ``max_cells`` cells) that stops when its client goes away."""
     cap = resources.python_timeout_s
 
     @app.post("/run_code", response_model=RunCodeResponse, tags=["SandboxFusion"])
-    async def run_code(request: RunCodeRequest) -> RunCodeResponse:
+    async def run_code(request: RunCodeRequest, raw: Request) -> RunCodeResponse:
         refused = refusal(request)
         if refused is not None:
             return RunCodeResponse(status="SandboxError", message=refused)
         timeout = min(max(float(request.run_timeout), 0.001), cap)
         # SandboxFusion runs `python file.py`, which echoes nothing: end on a statement, not a bare expression.
-        result = await on_background(
-            resources.sandbox.execute(request.code + "\npass\n", stdin=request.stdin or "", timeout_s=timeout)
-        )
+        async with gate.slot(client_of(raw.scope)):
+            result = await on_background(
+                resources.sandbox.execute(request.code + "\npass\n", stdin=request.stdin or "", timeout_s=timeout)
+            )
         run, message = run_result(result)
         ok = run.status == "Finished" and run.return_code == 0
         return RunCodeResponse(status="Success" if ok else "Failed", message=message, run_result=run)
 
     @app.post("/run_jupyter", response_model=RunJupyterResponse, tags=["SandboxFusion"])
-    async def run_jupyter(request: RunJupyterRequest) -> RunJupyterResponse:
+    async def run_jupyter(request: RunJupyterRequest, raw: Request) -> RunJupyterResponse:
         refused = refusal(request)
+        if refused is None and len(request.cells) > max_cells:
+            refused = f"{len(request.cells)} cells: this server runs at most {max_cells} per request"
         if refused is not None:
             return RunJupyterResponse(status="SandboxError", message=refused)
-        sandbox, session = resources.sandbox, f"jupyter-{uuid.uuid4().hex}"
+        try:
+            session = sessions.open("jupyter", client_of(raw.scope))
+        except CapacityError as exc:
+            return RunJupyterResponse(status="SandboxError", message=str(exc))
+        name = f"jupyter-{session.id}"
+        sandbox = resources.sandbox
+        session.close = lambda: on_background(sandbox.close_session(name))
+        total = float(request.total_timeout)
+        if sessions.max_session_s is not None:
+            total = min(total, sessions.max_session_s)
         start, cells, status = time.monotonic(), [], "Success"
         driver_status: Literal["Finished", "TimeLimitExceeded"] = "Finished"
-        try:
+
+        async def run_cells() -> None:
+            nonlocal status, driver_status
             for code in request.cells:
-                left = float(request.total_timeout) - (time.monotonic() - start)
+                left = total - (time.monotonic() - start)
                 if left <= 0:
                     status, driver_status = "Failed", "TimeLimitExceeded"
                     break
                 timeout = min(left, cap, float(request.cell_timeout) or cap)
-                result = await on_background(sandbox.execute(code, session=session, timeout_s=timeout))
+                result = await on_background(sandbox.execute(code, session=name, timeout_s=timeout))
                 cell = CellRunResult(stdout=result.stdout, stderr=result.stderr)
                 if result.status != "ok":
-                    name, _, value = (result.message or result.status).partition(": ")
-                    cell.error.append({"ename": name, "evalue": value, "traceback": result.stderr.splitlines()})
+                    ename, _, value = (result.message or result.status).partition(": ")
+                    cell.error.append({"ename": ename, "evalue": value, "traceback": result.stderr.splitlines()})
                     status = "Failed"
                     driver_status = "TimeLimitExceeded" if result.status == "timeout" else driver_status
                 cells.append(cell)
                 if result.status != "ok":
                     break
+
+        try:
+            with sessions.using(session):
+                await _unless_gone(raw, run_cells())
         finally:
-            await on_background(sandbox.close_session(session))
+            await sessions.end(session)  # closes the sandbox session: nothing of the run outlives it
         driver = CommandRunResult(
             status=driver_status, execution_time=time.monotonic() - start, return_code=0 if status == "Success" else 1
         )
         return RunJupyterResponse(status=status, driver=driver, cells=cells)  # type: ignore[arg-type]
+
+
+async def _unless_gone(request: Request, work: Any) -> None:
+    """Run ``work`` unless the client hangs up first: then it is cancelled (no later cell runs) and the caller
+    closes the session. The body was read already, so the next ASGI message can only be the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return
+    task.result()
 
 
 __all__ = ["RunCodeRequest", "RunCodeResponse", "RunJupyterRequest", "RunJupyterResponse", "add_sandbox_routes"]

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar_env.plugins import invoke
+from rstar_env.serve.fair import FairGate
+from rstar_env.serve.guard import client_of
 from rstar_env.serve.resources import Resources, on_background
 from rstar_env.trajectory import RewardResult
 
@@ -40,13 +42,14 @@ class VerifyResponse(BaseModel):
     reward_plugin: str
 
 
-def add_verify_route(app: FastAPI, resources: Resources) -> None:
-    """Mount ``/verify`` on ``app``, judged by ``resources.reward``."""
+def add_verify_route(app: FastAPI, resources: Resources, gate: FairGate) -> None:
+    """Mount ``/verify`` on ``app``, judged by ``resources.reward``; requests wait their turn in ``gate`` (fair per
+    client), and the reward's time limit starts once a request is admitted."""
     reward = resources.reward
     limit = resources.config.env.reward_timeout_s
 
     @app.post("/verify", response_model=VerifyResponse, tags=["Verifier"])
-    async def verify(request: VerifyRequest) -> VerifyResponse:
+    async def verify(request: VerifyRequest, raw: Request) -> VerifyResponse:
         gold = request.gold if request.gold is not None else request.answer
         assert gold is not None
 
@@ -54,7 +57,8 @@ def add_verify_route(app: FastAPI, resources: Resources) -> None:
             return await asyncio.wait_for(invoke(reward.score, request.response, gold), limit)
 
         try:
-            result = await on_background(score())
+            async with gate.slot(client_of(raw.scope)):
+                result = await on_background(score())
         except TimeoutError:
             raise HTTPException(
                 503,
