@@ -51,6 +51,13 @@ from rstar_env.outcomes import TOOL_ERROR_KINDS
 from rstar_env.plugins import load_reward, load_tool
 from rstar_env.trajectory import Trajectory
 from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
+from rstar_trainers.openrlhf.policy_version import (
+    TOKEN_VERSIONS_KEY,
+    VERSION_MAX_KEY,
+    VERSION_MIN_KEY,
+    engine_version,
+    version_runs,
+)
 from rstar_trainers.openrlhf.runtime import config_path, load_run_config
 from rstar_trainers.openrlhf.trajectory_log import TRAJECTORY_KEY
 
@@ -182,6 +189,8 @@ class _Episode:
         self.instance: AgentInstance | None = None
         self.last_output: Any = None
         """The engine's last ``CompletionOutput`` (token ids, log-probs, finish reason) for this episode."""
+        self.turn_versions: list[list[int]] = []
+        """Per generated turn, the policy version of each of its tokens."""
 
 
 _EPISODE: contextvars.ContextVar[_Episode | None] = contextvars.ContextVar("rstar_openrlhf_episode", default=None)
@@ -210,12 +219,38 @@ class _TurnEngine:
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         sampling_params.stop = stop + [s for s in episode.runtime.stop if s not in stop]
         sampling_params.include_stop_str_in_output = True  # the env must see "</tool_call>" to parse the call
-        output = await self._engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+        llm = getattr(self._engine, "llm", None)
+        if llm is not None and not multi_modal_data:
+            output, versions = await _streamed(llm, prompt_token_ids, sampling_params)
+        else:  # an engine we cannot stream from: the turn's tokens get the version it ended with
+            output = await self._engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+            versions = [engine_version()] * len(output.outputs[0].token_ids)
         episode.last_output = output.outputs[0]
+        episode.turn_versions.append(versions)
         return output
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
+
+
+async def _streamed(llm: Any, prompt_token_ids: list[int], sampling_params: Any) -> tuple[Any, list[int]]:
+    """One turn from vLLM's ``AsyncLLM`` (what OpenRLHF's ``RolloutRayActor.generate`` does), streamed so that each
+    token gets the policy version the engine held when it arrived: with partial rollouts a weight sync pauses the
+    request mid-turn and it goes on with the new weights. (The version is set while generation is paused, and the
+    chunks produced before the pause reach this loop during the broadcast, so the boundary is exact.)"""
+    from vllm.inputs import TokensPrompt
+    from vllm.utils import random_uuid
+
+    versions: list[int] = []
+    final = None
+    async for output in llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), sampling_params, random_uuid()):
+        produced = len(output.outputs[0].token_ids)
+        versions.extend([engine_version()] * (produced - len(versions)))
+        final = output
+    if final is None:
+        raise RuntimeError("vLLM finished a request without any output")
+    produced = len(final.outputs[0].token_ids)
+    return final, (versions + [engine_version()] * produced)[:produced]
 
 
 def _chosen_logprobs(output: Any) -> list[float] | None:
@@ -324,6 +359,11 @@ class AgentExecutor(MultiTurnAgentExecutor):
         instance = episode.instance
         trajectory = instance.trajectory if instance is not None else None
         result["extra_logs"] = episode_logs(trajectory)
+        # Which policy version produced each generated token (several with partial rollouts); see policy_version.
+        versions = [v for turn in episode.turn_versions for v in turn] or [engine_version()]
+        result["extra_logs"][VERSION_MIN_KEY] = float(min(versions))
+        result["extra_logs"][VERSION_MAX_KEY] = float(max(versions))
+        result[TOKEN_VERSIONS_KEY] = [version_runs(turn) for turn in episode.turn_versions]
         # For trajectories.jsonl (the samples generator writes it on the trainer side; OpenRLHF ignores the key).
         result[TRAJECTORY_KEY] = trajectory.to_dict() if trajectory is not None else None
         return result

@@ -103,6 +103,28 @@ class EvalConfig(_Model):
     temperature: NonNegativeFloat = 0.6
 
 
+class CorrectionConfig(_Model):
+    """OpenRLHF's train/rollout mismatch correction (``--algo.advantage.is_correction_*``) on the per-token ratio
+    ``pi_train / pi_rollout`` of the engine's log-probs: ``level: token, mode: clip`` is TIS, ``level: token, mode:
+    mask`` ICEPOP, ``level: seq, mode: mask`` the sequence mask; ``gating: binary_kl`` or ``tv`` gates a divergence
+    instead of the ratio (then ``threshold`` is one upper bound). Only generated tokens count: tool output has no
+    engine log-prob and is masked out of the loss."""
+
+    level: Literal["token", "seq"] = "token"
+    mode: Literal["mask", "clip"] = "mask"
+    gating: Literal["ratio", "binary_kl", "tv"] = "ratio"
+    threshold: list[NonNegativeFloat] = Field(default_factory=lambda: [0.5, 5.0], min_length=1, max_length=2)
+    """``[low, high]`` bounds on the gated statistic, or ``[high]`` alone (low 0)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CorrectionConfig:
+        if self.mode == "clip" and (self.level == "seq" or self.gating != "ratio"):
+            raise ValueError("mode clip needs level token and gating ratio (only a token's ratio can be clamped)")
+        if self.gating != "ratio" and len(self.threshold) != 1:
+            raise ValueError(f"gating {self.gating} takes one upper bound: threshold [delta]")
+        return self
+
+
 class OpenRLHFRLConfig(RLHyperparameters):
     """GRPO-RoC on OpenRLHF. Each step rolls out ``group_size * oversample`` trajectories for each of
     ``prompts_per_step`` prompts, the sampler plugin keeps ``group_size`` of each group (or drops it), and
@@ -133,7 +155,23 @@ class OpenRLHFRLConfig(RLHyperparameters):
     max_epochs: PositiveInt = 1
     num_episodes: PositiveInt = 1
     async_train: bool = False
-    """OpenRLHF's async trainer (rollouts of step t+1 overlap training of step t)."""
+    """OpenRLHF's async trainer (rollouts of step t+1 overlap training of step t); see docs/cluster.md."""
+    async_queue_size: PositiveInt = 1
+    """Batches the async generator may roll out ahead of the trainer (staleness up to this many versions, plus one
+    with ``partial_rollouts``)."""
+    partial_rollouts: bool = False
+    """OpenRLHF's ``--train.partial_rollout_enable`` (needs ``async_train``): a weight sync pauses generation and
+    episodes in flight go on with the new weights; each token's policy version is recorded."""
+    allow_mixed_version_groups: bool = False
+    """With ``partial_rollouts``, a prompt's group can contain tokens of several policy versions: keep such groups
+    (true) or drop them before the sampler sees them (false, the default). Counted either way
+    (``roc/mixed_version_groups``)."""
+    tis_cap: PositiveFloat | None = None
+    """Truncated importance sampling, as the local trainer's ``tis_cap``: each generated token's policy term is
+    weighted by ``min(pi_train / pi_rollout, tis_cap)`` (OpenRLHF's ``is_correction`` token level, clip mode,
+    threshold ``[tis_cap]``). Exclusive with ``is_correction``."""
+    is_correction: CorrectionConfig | None = None
+    """Any of OpenRLHF's mismatch corrections (see :class:`CorrectionConfig`); ``None``: off."""
     dynamic_batch: bool = False
     max_tokens_per_gpu: PositiveInt | None = None
 
@@ -178,7 +216,23 @@ class OpenRLHFRLConfig(RLHyperparameters):
             raise ValueError("group_size must be at least 2: group_norm advantages of a group of 1 are all 0")
         if self.clip_low > 1 or self.clip_high > 10:
             raise ValueError(f"clip_low/clip_high look wrong ({self.clip_low}, {self.clip_high})")
+        if self.partial_rollouts and not self.async_train:
+            raise ValueError("partial_rollouts needs async_train: true (OpenRLHF pauses the async generator's engines)")
+        if self.tis_cap is not None and self.is_correction is not None:
+            raise ValueError("tis_cap and is_correction both set: tis_cap is is_correction {level: token, mode: clip}")
+        if self.correction is not None and self.top_p != 1.0:
+            raise ValueError(
+                f"mismatch correction needs top_p 1 (got {self.top_p}): vLLM's log-probs are then of the truncated "
+                "distribution and the trainer's are not, so the weights would correct top-p, not the mismatch"
+            )
         return self
+
+    @property
+    def correction(self) -> CorrectionConfig | None:
+        """The mismatch correction in effect (``tis_cap`` spelled out), or ``None``."""
+        if self.tis_cap is not None:
+            return CorrectionConfig(level="token", mode="clip", gating="ratio", threshold=[self.tis_cap])
+        return self.is_correction
 
 
 class OpenRLHFSFTConfig(_Model):

@@ -167,6 +167,15 @@ def rl_flags(
     add("train.num_episodes", cfg.num_episodes)
     add("train.seed", cfg.seed)
     add("train.async_enable", cfg.async_train)
+    if cfg.async_train:
+        add("train.async_queue_size", cfg.async_queue_size)
+    add("train.partial_rollout_enable", cfg.partial_rollouts)
+    correction = cfg.correction
+    if correction is not None:
+        add("algo.advantage.is_correction_level", correction.level)
+        add("algo.advantage.is_correction_mode", correction.mode)
+        add("algo.advantage.is_correction_gating", correction.gating)
+        add("algo.advantage.is_correction_threshold", correction.threshold)
     add("train.dynamic_batch_enable", cfg.dynamic_batch)
     add("train.max_tokens_per_gpu", cfg.max_tokens_per_gpu)
     # Cluster layout.

@@ -17,6 +17,9 @@ imports them, so vLLM engine processes never load DeepSpeed on our account. Thre
 - ``openrlhf.trainer.ppo_trainer.SamplesGenerator`` (sync trainer) and
   ``openrlhf.trainer.ppo_trainer_async.SamplesGenerator`` (async trainer): what their ``__init__`` reads.
 
+And ``openrlhf.trainer.ppo_trainer.BasePPOTrainer`` gets the policy-version hooks of
+:mod:`rstar_trainers.openrlhf.policy_version` (engines tagged after each weight sync, staleness in each step's log).
+
 :func:`install` does the same in the current process (the driver calls it; so can tests). Only the standard
 library is imported here, because Ray imports this module in every worker.
 """
@@ -61,6 +64,11 @@ def patch_module(module: ModuleType, roc_class: Callable[[], type] = _roc_class)
         cls = roc_class()
         if module.__dict__.get("SamplesGenerator") is not cls:
             module.SamplesGenerator = cls  # type: ignore[attr-defined]
+        if module.__name__ == TRAINER_MODULES[0] and "BasePPOTrainer" in module.__dict__:
+            # Policy versions and staleness (sync and async trainers both derive from BasePPOTrainer).
+            from rstar_trainers.openrlhf.policy_version import install_trainer_hooks
+
+            install_trainer_hooks(module.BasePPOTrainer)
 
 
 class _PatchingLoader(importlib.abc.Loader):

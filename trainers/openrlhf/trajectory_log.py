@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar_env.trajectory import Trajectory
+from rstar_trainers.openrlhf.policy_version import TOKEN_VERSIONS_KEY
 
 TRAJECTORY_KEY = "rstar_trajectory"
 """The key of the agent's result (and the attribute of an Experience) that carries the trajectory dict."""
@@ -86,5 +87,8 @@ class TrajectoryLog:
                     "kept": bool(chosen),
                     "backend": "openrlhf",
                 }
+                runs = getattr(experience, TOKEN_VERSIONS_KEY, None)
+                if runs is not None:  # per turn, [[policy version, tokens], ...] (policy_version.version_runs)
+                    record["metadata"]["token_versions"] = runs
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         return step
