@@ -55,7 +55,7 @@ from rstar_env.plugins import check_tool, invoke, load_reward, load_tool
 from rstar_env.reward import Reward
 from rstar_env.spaces import TokenAction, UnicodeText
 from rstar_env.special_tokens import SpecialTokens, encode_parts
-from rstar_env.tool import EpisodeContext, Tool, validate_arguments
+from rstar_env.tool import EpisodeContext, Tool, ToolUnavailable, validate_arguments
 from rstar_env.trajectory import SYSTEM_FAILURES, RewardResult, ToolCall, ToolResult, Trajectory, Turn
 
 PluginLike = str | dict[str, Any] | PluginSpec | Tool | Reward
@@ -345,6 +345,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
         except RewardTimeout as exc:
             traj.end_reason = None
             return await self.aabort("env_error", str(exc))
+        except ToolUnavailable as exc:  # the sandbox failed, not the model: nothing of it reaches the model or score
+            traj.end_reason = None
+            return await self.aabort("env_error", f"ToolUnavailable: {exc}")
         except Exception:
             traj.end_reason = None  # the failure may have struck while the episode was being finished
             return await self.aabort("env_error", traceback.format_exc())
@@ -510,6 +513,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
             result = ToolResult(
                 f"Error: the {parsed.name} tool did not answer within {limit:g} s and was stopped.", "timeout"
             )
+        except ToolUnavailable:
+            raise  # the system failed the call, not the model: the episode ends env_error (astep), unscored
         except Exception as exc:  # a buggy plugin must not end the episode: it is a crashed tool call
             result = ToolResult(f"Error: the {parsed.name} tool failed ({type(exc).__name__}: {exc})", "crash")
         if not result.duration_s:

@@ -10,6 +10,10 @@ Raising from ``call`` is allowed but discouraged: the environment turns an excep
 result, so a buggy plugin cannot end an episode. Every call runs under the env's ``tool_timeout_s``; a tool may ask
 for less with a ``call_timeout_s`` attribute. Past it the call is cancelled and answered with a ``timeout`` error.
 The ``schema`` is checked when the tool is built (:func:`schema_problem`).
+
+A failure of the system, not of the model's call (the sandbox had no room before its queue deadline, its pool died),
+is raised as :class:`ToolUnavailable`: the env then ends the episode ``env_error``, unscored, and the model never
+reads it nor is charged a tool error for it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from rstar_env.trajectory import ToolResult
+
+
+class ToolUnavailable(RuntimeError):
+    """Raised by a tool's ``call`` when the system, not the model, failed the call: the sandbox had no room for it
+    before its queue deadline, the sandbox's pool died under it, the backend cannot start. The env ends the episode
+    ``env_error``, unscored, with this message in ``Trajectory.error``: it is never the model's tool response, and
+    never counted as its tool error (trainers leave ``env_error`` episodes out)."""
 
 
 @dataclass
@@ -79,8 +90,10 @@ class Tool(Protocol):
             Tool errors are counted from ``error``, never from the text.
 
         Raises:
-            Nothing, ideally. An exception is caught by the env and answered as a ``crash`` tool result, so a bug in
-            a tool never ends the episode; return ``ToolResult("Error: ...", "exception")`` for the model's mistakes.
+            :class:`ToolUnavailable` for a failure of the system (the episode ends ``env_error``, unscored).
+            Nothing else, ideally: another exception is caught by the env and answered as a ``crash`` tool result,
+            so a bug in a tool never ends the episode; return ``ToolResult("Error: ...", "exception")`` for the
+            model's mistakes.
         """
         ...
 

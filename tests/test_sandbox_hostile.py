@@ -996,9 +996,18 @@ def test_idle_sessions_parking_files_do_not_get_an_innocent_call_killed(innocent
     """Finding 34.4: three idle sessions each parked 300 MiB in their private /dev/shm and /tmp (memory charged to
     the pool, to no process's RSS); another episode's ordinary 300 MiB call, fine alone, was then the one the OOM
     killer ended, three times in three (memory_mb=512, pool_memory_mb=1024). The innocent call is stateless, or
-    made in a session that was open before the squatters came."""
+    made in a session that was open before the squatters came. A call that does not fit waits for room, and is
+    turned away unrun past queue_timeout_s (a system failure): never killed. (Waiting, then running once a
+    squatter closes: tests/test_sandbox_admission.py.)"""
     box = LocalSandbox(
-        timeout_s=8.0, max_concurrency=4, spares=1, preload=(), warmup=None, memory_mb=512, pool_memory_mb=1024
+        timeout_s=8.0,
+        max_concurrency=4,
+        spares=1,
+        preload=(),
+        warmup=None,
+        memory_mb=512,
+        pool_memory_mb=1024,
+        queue_timeout_s=2.0,
     )
     start_or_skip(box)
     try:
@@ -1007,44 +1016,14 @@ def test_idle_sessions_parking_files_do_not_get_an_innocent_call_killed(innocent
         if innocent_session:
             assert run(box.execute("del held", session=innocent_session)).ok
         squatters = [run(box.execute(PARK_FILES, session=f"squatter-{i}")) for i in range(3)]
-        for squat in squatters:  # each holds its files, or was refused saying which budgets to change
-            refused = squat.status == "crash" and squat.stdout == "" and "pool_memory_mb=1024" in (squat.message or "")
+        for squat in squatters:  # each holds its files, or waited and was turned away unrun, naming the budgets
+            refused = squat.system_failure and squat.stdout == "" and "pool_memory_mb=1024" in (squat.message or "")
             assert refused or (squat.status, squat.stdout) == ("ok", "parked\n"), squat
+        assert sum(s.ok for s in squatters) >= 1, squatters
         innocent = [run(box.execute(ORDINARY_CALL, session=innocent_session)) for _ in range(3)]
-        assert all((r.status, r.stdout) == ("ok", "300\n") for r in innocent), (innocent, squatters)
-    finally:
-        box.close()
-
-
-def test_a_refused_session_gets_room_once_another_ends() -> None:
-    """A session refused for want of pool memory is not locked out: closing a session, or a call that ends its
-    worker (a timeout, a crash), gives its room back; so does a session whose worker died between calls, once it
-    is next called (and told that it crashed)."""
-    box = LocalSandbox(
-        timeout_s=2.0, max_concurrency=2, spares=1, preload=(), warmup=None, memory_mb=256, pool_memory_mb=512
-    )
-    start_or_skip(box)
-
-    def opens(name: str) -> bool:
-        result = run(box.execute("print('in')", session=name))
-        assert result.stdout == "in\n" or (result.status == "crash" and "memory_mb" in (result.message or "")), result
-        return result.ok
-
-    try:
-        assert opens("a") and not opens("b")
-        run(box.close_session("a"))
-        assert opens("b") and not opens("c")
-        assert run(box.execute("while True:\n    pass", session="b", timeout_s=0.5)).status == "timeout"
-        assert opens("c") and not opens("d")
-        killed = run(box.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", session="c"))
-        assert killed.status == "crash", killed
-        assert opens("d") and not opens("e")
-        zygote = box.pool.zygote_pid()
-        assert zygote is not None
-        os.kill(zygote, signal.SIGKILL)  # every worker dies with it, the session "d" between its calls
-        lost = run(box.execute("print('in')", session="d"))
-        assert lost.status == "crash", lost
-        assert opens("e")
+        whole = [(r.status, r.stdout) == ("ok", "300\n") for r in innocent]
+        unrun = [r.system_failure and r.stdout == "" for r in innocent]
+        assert all(w or u for w, u in zip(whole, unrun, strict=True)), (innocent, squatters)
     finally:
         box.close()
 

@@ -15,10 +15,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from rstar_env.plugins import plugin_options
-from rstar_env.runtime import runtime
-from rstar_env.sandbox import BACKENDS, ExecResult, Sandbox, create_sandbox
-from rstar_env.tool import EpisodeContext, tool_schema
+from rstar_env.plugins import plugin_options, shared_sandboxes
+from rstar_env.sandbox import BACKENDS, ExecResult, Sandbox, SandboxError, create_sandbox
+from rstar_env.tool import EpisodeContext, ToolUnavailable, tool_schema
 from rstar_env.trajectory import ToolResult
 
 
@@ -120,14 +119,21 @@ class PythonTool:
                 backend, options = self.backend, self._sandbox_options
                 # Tools with the same settings share one sandbox, held by the process runtime (one warm pool).
                 self._key = (backend, repr(sorted(options.items())))
-                self._sandbox = runtime().sandboxes.acquire(self._key, lambda: create_sandbox(backend, **options))
+                self._sandbox = shared_sandboxes().acquire(self._key, lambda: create_sandbox(backend, **options))
             return self._sandbox
 
     async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult:
         session = episode.episode_id if self.stateful else None
-        result = await self.sandbox.execute(
-            arguments["code"], stdin=arguments.get("stdin", ""), session=session, timeout_s=self.timeout_s
-        )
+        try:
+            result = await self.sandbox.execute(
+                arguments["code"], stdin=arguments.get("stdin", ""), session=session, timeout_s=self.timeout_s
+            )
+        except SandboxError as exc:  # the backend cannot work (closed, cannot start): not the model's doing
+            raise ToolUnavailable(f"the {self.backend} sandbox failed: {exc}") from exc
+        if result.system_failure:
+            # No room in time, a pool that died: the system's failure, never shown to the model nor counted as its
+            # tool error; the env ends the episode env_error, unscored.
+            raise ToolUnavailable(f"the {self.backend} sandbox could not run the call: {result.message}")
         return ToolResult(
             text=self.render(result),
             error=None if result.status == "ok" else result.status,  # one vocabulary: the status is the kind
@@ -158,7 +164,7 @@ class PythonTool:
         key, self._key = self._key, None
         if key is not None:
             self._sandbox = None
-            await runtime().sandboxes.release(key)
+            await shared_sandboxes().release(key)
 
 
 __all__ = ["PythonArguments", "PythonOptions", "PythonTool", "SandboxToolOptions", "truncate_middle"]

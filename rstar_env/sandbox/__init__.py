@@ -2,8 +2,10 @@
 
 ``create_sandbox(backend, **options)`` returns a :class:`Sandbox`: an async context manager whose
 ``execute(code, *, stdin="", session=None, timeout_s=None)`` returns an :class:`ExecResult` and never raises for
-anything the executed code does. ``session`` names a stateful interpreter (one per episode, typically): calls with
-the same session share globals until ``close_session(session)``. ``session=None`` runs the code fresh.
+anything the executed code does (the ``local`` and ``subprocess`` backends also take ``client=``, a key whose
+calls are served in turn with other clients'; see docs/sandboxes.md). ``session`` names a stateful interpreter
+(one per episode, typically): calls with the same session share globals until ``close_session(session)``.
+``session=None`` runs the code fresh.
 
 Backends are registered by name in :data:`BACKENDS` (module path and class, imported lazily, so ``import
 rstar_env`` never pulls in e2b or ray). Every backend is usable from any event loop and from several loops in
@@ -35,7 +37,13 @@ class ExecResult:
     duration_s: float = field(default=0.0, compare=False)
     """Run time: from when a worker took the call (the timeout counts from there) to its end."""
     queue_s: float = field(default=0.0, compare=False)
-    """Time the call waited before it started running (for a free slot, its session's turn, a worker)."""
+    """Time the call waited before it started running (its client's turn, room in the pool's memory, its session's
+    turn, a worker)."""
+    system_failure: bool = False
+    """True when the sandbox, not the code, failed the call: no room in the pool before its queue deadline, a pool
+    that died under it, no worker in time. ``status`` is then ``crash`` and ``message`` says what failed. Such a
+    result is never the code's doing: a tool raises :class:`~rstar_env.tool.ToolUnavailable` for it, and the
+    episode ends ``env_error``, unscored (see :mod:`rstar_env.outcomes`)."""
 
     def __post_init__(self) -> None:
         if self.status not in EXEC_STATUSES:
@@ -53,6 +61,7 @@ class ExecResult:
             "message": self.message,
             "duration_s": self.duration_s,
             "queue_s": self.queue_s,
+            "system_failure": self.system_failure,
         }
 
 
@@ -63,7 +72,10 @@ class Sandbox(Protocol):
     async def execute(
         self, code: str, *, stdin: str = "", session: str | None = None, timeout_s: float | None = None
     ) -> ExecResult:
-        """Run ``code`` (with ``stdin`` on standard input) and return its result. Never raises for user code."""
+        """Run ``code`` (with ``stdin`` on standard input) and return its result. Never raises for user code.
+
+        The ``local`` and ``subprocess`` backends also take ``client: str | None = None``: whose call it is, for
+        fair queueing between clients (``None``: the one default client)."""
         ...
 
     async def close_session(self, session: str) -> None:

@@ -1,9 +1,14 @@
 """The async face of the process backends: a private thread pool, sessions, and the per-call flow.
 
-Every backend method that blocks runs on the sandbox's own :class:`~concurrent.futures.ThreadPoolExecutor`
-(``max_concurrency`` threads) and is awaited with ``loop.run_in_executor``. Nothing is bound to an event loop, so
+Every backend method that blocks runs on the sandbox's own :class:`~._fair.FairExecutor` (``max_concurrency``
+threads, clients served in turn) and is awaited with ``asyncio.wrap_future``. Nothing is bound to an event loop, so
 one sandbox serves any loop, several loops in turn, and plain threads. The executor is also the back-pressure:
-thousands of concurrent ``execute`` calls wait in its queue while at most ``max_concurrency`` workers run.
+thousands of concurrent ``execute`` calls wait in its queues while at most ``max_concurrency`` workers run, and one
+client's backlog delays another client's next call by at most one running call.
+
+Before a call runs it is admitted by the backend's memory gate (:mod:`._admission`; the ``local`` backend's): a call
+that does not fit waits, and past ``queue_timeout_s`` it is turned away as a failure of the system
+(``ExecResult.system_failure``), never run.
 """
 
 from __future__ import annotations
@@ -14,21 +19,25 @@ import dataclasses
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime import runtime
-from . import ExecResult, SandboxError, _client
+from . import ExecResult, SandboxError, _admission, _client, _fair
+
+DEFAULT_QUEUE_TIMEOUT_S = 30.0
+"""How long a call may wait for room in the pool before it is turned away (below the env's ``tool_timeout_s``,
+60 s by default, so that the episode learns it was the system's failure, not a tool timeout)."""
 
 
 class SessionRefused(SandboxError):
     """Raised by a backend's ``_spawn(session=True)`` when it has no room for another session; the message says
-    why and what to change. The session's call then returns ``crash`` with that message, having run nothing, and
-    the session's next call asks again."""
+    why. The session's call then returns a system failure (``ExecResult.system_failure``), having run nothing, and
+    the session's next call asks again. (The ``local`` backend waits for room instead: :mod:`._admission`.)"""
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: the memory gate keys its ledger by session
 class _Session:
     """A named session: its worker, and a ticket queue that runs its calls one at a time in submission order
     (a plain lock would not: threads acquire it in no particular order)."""
@@ -62,8 +71,11 @@ class ThreadedSandbox(abc.ABC):
     made (a session call runs even if its caller is cancelled, to keep that order). A call that ends its worker
     (a timeout, the output limit, a crash) ends the session's state: the next call starts a fresh interpreter. If
     the worker died *between* calls, the next call returns ``crash`` ("its state is lost") without running, and
-    the call after it starts a fresh interpreter. A backend with no room for another session (``local``: see its
-    ``pool_memory_mb``) refuses it: the call returns ``crash`` saying why, without running (:class:`SessionRefused`).
+    the call after it starts a fresh interpreter (the loss is a failure of the system: ``system_failure``).
+
+    Clients: ``execute(..., client=key)`` queues the call under ``key``; clients are served in turn
+    (:class:`~._fair.FairExecutor`), at most ``max_per_client`` calls of one client running at once (None: no cap).
+    Admission: a call waits for room in the backend's memory gate (:attr:`_gate`) for up to ``queue_timeout_s``.
     """
 
     def __init__(
@@ -73,14 +85,24 @@ class ThreadedSandbox(abc.ABC):
         timeout_s: float = 4.0,
         max_output_bytes: int = 1 << 20,
         cpu_s: float | None = None,
+        queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+        max_per_client: int | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if not queue_timeout_s > 0:  # NaN fails this too
+            raise ValueError(f"queue_timeout_s must be a positive number of seconds, got {queue_timeout_s!r}")
+        if max_per_client is not None and max_per_client < 1:
+            raise ValueError(f"max_per_client must be at least 1, or None for no cap; got {max_per_client!r}")
         self.max_concurrency = max(1, max_concurrency or os.cpu_count() or 1)
         self.timeout_s = float(timeout_s)
         self.max_output_bytes = int(max_output_bytes)
         self.cpu_s = cpu_s
-        self._executor: ThreadPoolExecutor | None = None
+        self.queue_timeout_s = float(queue_timeout_s)
+        self.max_per_client = max_per_client
+        self._gate = _admission.MemoryGate(None, None)
+        """What a call must fit in before it runs; this base admits everything (``local`` sets a real one)."""
+        self._executor: _fair.FairExecutor | None = None
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -98,6 +120,9 @@ class ThreadedSandbox(abc.ABC):
         self._lock = threading.Lock()
         self._executor = None
         self._sessions = {}
+        gate = getattr(self, "_gate", None)  # None if the fork came in the middle of __init__
+        if gate is not None:  # the sessions it counts are the parent's
+            self._gate = _admission.MemoryGate(gate.pool_mb, gate.memory_mb)
 
     # ------------------------------------------------------------------------------------------- subclass API
 
@@ -113,6 +138,10 @@ class ThreadedSandbox(abc.ABC):
     def _shutdown(self) -> None:
         """Release backend resources; every worker must be dead afterwards."""
 
+    def _held_mb(self, worker: _client.Worker) -> int | None:
+        """MiB ``worker`` (a session's, between calls) holds; None where it cannot be read."""
+        return None
+
     def _end_worker(self, worker: _client.Worker) -> None:
         """Kill a session's worker and wait (briefly) until it is gone."""
         worker.kill()
@@ -122,22 +151,29 @@ class ThreadedSandbox(abc.ABC):
     # ------------------------------------------------------------------------------------------- async API
 
     async def execute(
-        self, code: str, *, stdin: str = "", session: str | None = None, timeout_s: float | None = None
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        session: str | None = None,
+        timeout_s: float | None = None,
+        client: str | None = None,
     ) -> ExecResult:
         """Run ``code`` with ``stdin`` and return its result; never raises for anything the code does.
 
-        Raises :class:`SandboxError` if the sandbox is closed or its backend cannot start.
+        ``client``: whose call it is (a token, a connection); clients' calls are served in turn. None: the one
+        default client. Raises :class:`SandboxError` if the sandbox is closed or its backend cannot start.
         """
-        loop = asyncio.get_running_loop()
         submitted = time.monotonic()
         if session is None:
-            return await loop.run_in_executor(self._pool(), self._execute, code, stdin, None, timeout_s, submitted)
+            future = self._pool().submit(client, self._execute, code, stdin, None, timeout_s, submitted)
+            return await asyncio.wrap_future(future)
         with self._lock:  # a session's tickets must be handed out in the order the calls are queued
             executor = self._pool_locked()
             ticket = self._ticket(session)
-            future = loop.run_in_executor(executor, self._execute, code, stdin, ticket, timeout_s, submitted)
+            future = executor.submit(client, self._execute, code, stdin, ticket, timeout_s, submitted)
         # Shielded: a queued session call must run (or fail) to pass the turn on, even if its caller gives up.
-        return await asyncio.shield(future)
+        return await asyncio.shield(asyncio.wrap_future(future))
 
     async def close_session(self, session: str) -> None:
         """End ``session``'s interpreter (and everything it started) once the calls made before this one are done.
@@ -168,9 +204,15 @@ class ThreadedSandbox(abc.ABC):
         self._start()
 
     def execute_sync(
-        self, code: str, stdin: str = "", session: str | None = None, timeout_s: float | None = None
+        self,
+        code: str,
+        stdin: str = "",
+        session: str | None = None,
+        timeout_s: float | None = None,
+        client: str | None = None,
     ) -> ExecResult:
-        """Blocking :meth:`execute` (for threads; do not call it on an event loop)."""
+        """Blocking :meth:`execute` (for threads; do not call it on an event loop). It runs on the calling thread,
+        so ``client`` takes no turn in the queue (it is accepted for a uniform signature)."""
         submitted = time.monotonic()
         with self._lock:
             ticket = self._ticket(session) if session is not None else None
@@ -227,6 +269,7 @@ class ThreadedSandbox(abc.ABC):
             if worker is not None:
                 self._end_worker(worker)
         finally:
+            self._gate.forget(state)
             state.end_turn()
 
     def close(self) -> None:
@@ -251,7 +294,7 @@ class ThreadedSandbox(abc.ABC):
                 worker.close()
         self._shutdown()
         if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(cancel_futures=True)
 
     # ------------------------------------------------------------------------------------------- internals
 
@@ -259,14 +302,16 @@ class ThreadedSandbox(abc.ABC):
         if self._closed:
             raise SandboxError(f"{type(self).__name__} is closed")
 
-    def _pool(self) -> ThreadPoolExecutor:
+    def _pool(self) -> _fair.FairExecutor:
         with self._lock:
             return self._pool_locked()
 
-    def _pool_locked(self) -> ThreadPoolExecutor:
+    def _pool_locked(self) -> _fair.FairExecutor:
         self._check_open()
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="rstar-sandbox")
+            self._executor = _fair.FairExecutor(
+                self.max_concurrency, max_per_client=self.max_per_client, thread_name_prefix="rstar-sandbox"
+            )
         return self._executor
 
     def _ticket(self, name: str) -> tuple[_Session, int]:
@@ -275,7 +320,23 @@ class ThreadedSandbox(abc.ABC):
         state = self._sessions.setdefault(name, _Session())
         return state, state.take_ticket()
 
+    def _admit(self, session: Hashable | None, submitted: float) -> ExecResult | None:
+        """Wait for room in the memory gate; None once admitted, else the system failure to return."""
+        if self._gate.admit(session, submitted + self.queue_timeout_s):
+            return None
+        gate = self._gate
+        return system_failure(
+            f"the sandbox had no room for this call within queue_timeout_s={self.queue_timeout_s:g} s (nothing "
+            f"ran): open sessions reserve {gate.reserved_mb(session)} MiB of pool_memory_mb={gate.pool_mb} MiB and a "
+            f"call needs memory_mb={gate.memory_mb} MiB free; raise pool_memory_mb, lower memory_mb, or run fewer "
+            "stateful episodes at once",
+            submitted,
+        )
+
     def _run_once(self, code: str, stdin: str, limits: dict[str, Any], submitted: float) -> ExecResult:
+        refused = self._admit(None, submitted)
+        if refused is not None:
+            return refused
         for attempt in range(2):
             worker = self._spawn(session=False)
             try:
@@ -295,22 +356,41 @@ class ThreadedSandbox(abc.ABC):
             lost = state.worker.death_note()
             state.worker.close()
             state.worker = None
-            return ExecResult("", "", "crash", lost, queue_s=time.monotonic() - submitted)
-        for attempt in range(2):
-            if state.worker is None:
-                try:
-                    state.worker = self._spawn(session=True)
-                except SessionRefused as refused:
-                    return ExecResult("", "", "crash", str(refused), queue_s=time.monotonic() - submitted)
-            worker = state.worker
-            outcome = _client.run_call(worker, code=code, stdin=stdin, **limits)
-            if not outcome.worker_alive:
-                worker.close()
-                state.worker = None
-                if outcome.result.status == "crash" and not worker.started and attempt == 0:
-                    continue  # the pool died before the worker existed: nothing ran, so run it again
-            return _queued(outcome, submitted)
-        raise AssertionError("unreachable")
+            self._gate.forget(state)
+            # Frozen between calls, a session dies only of the system (its pool died or was killed), or of a timer
+            # its own code set where this machine cannot freeze it (CONTINUED: the code's doing).
+            result = ExecResult("", "", "crash", lost, queue_s=time.monotonic() - submitted)
+            return result if lost == _client.CONTINUED else dataclasses.replace(result, system_failure=True)
+        refused = self._admit(state, submitted)
+        if refused is not None:
+            return refused
+        try:
+            for attempt in range(2):
+                if state.worker is None:
+                    try:
+                        state.worker = self._spawn(session=True)
+                    except SessionRefused as no_room:
+                        return system_failure(str(no_room), submitted)
+                worker = state.worker
+                outcome = _client.run_call(worker, code=code, stdin=stdin, **limits)
+                if not outcome.worker_alive:
+                    worker.close()
+                    state.worker = None
+                    if outcome.result.status == "crash" and not worker.started and attempt == 0:
+                        continue  # the pool died before the worker existed: nothing ran, so run it again
+                return _queued(outcome, submitted)
+            raise AssertionError("unreachable")
+        finally:
+            # What the session holds now, frozen until its next call, is what it reserves; a gone worker, nothing.
+            if state.worker is not None:
+                self._gate.settle(state, self._held_mb(state.worker))
+            else:
+                self._gate.forget(state)
+
+
+def system_failure(message: str, submitted: float) -> ExecResult:
+    """A call the sandbox failed before any of its code ran (see ``ExecResult.system_failure``)."""
+    return ExecResult("", "", "crash", message, queue_s=time.monotonic() - submitted, system_failure=True)
 
 
 def _queued(outcome: _client.CallOutcome, submitted: float) -> ExecResult:

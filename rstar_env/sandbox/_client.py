@@ -37,6 +37,8 @@ THREADS_LEFT = (
     "threads started by this code were still running when it ended, so the session was ended and its state "
     "(variables, imports) is lost; join every thread you start before the code ends"
 )
+POOL_DIED = "the sandbox died (its pool was killed or restarted)"
+"""A worker that ended with no exit status of its own: a failure of the system (``ExecResult.system_failure``)."""
 _READ_CHUNK = 1 << 16
 
 
@@ -357,7 +359,16 @@ def _result(
     else:
         status, error = _death(worker, exit_message if dead else None)
     status = "exception" if status == "error" else status  # the worker's wire name -> the outcome name
-    return ExecResult(stdout=stdout, stderr=stderr, status=status, message=error, duration_s=duration)  # type: ignore[arg-type]
+    # No worker in time, or a worker gone with no exit status (its pool died under it): the system failed the call.
+    system = stop == "no_worker" or (status == "crash" and error == POOL_DIED)
+    return ExecResult(
+        stdout=stdout,
+        stderr=stderr,
+        status=status,  # type: ignore[arg-type]
+        message=error,
+        duration_s=duration,
+        system_failure=system,
+    )
 
 
 def _death(worker: Worker, exit_message: dict[str, Any] | None) -> tuple[str, str | None]:
@@ -366,7 +377,7 @@ def _death(worker: Worker, exit_message: dict[str, Any] | None) -> tuple[str, st
         return "crash", str(exit_message["error"])
     code = worker.returncode(exit_message)
     if code is None:
-        return "crash", "the sandbox died (its pool was killed or restarted)"
+        return "crash", POOL_DIED
     if code == 0:
         return "ok", None
     if code < 0:

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import SandboxError, _base, _cgroup, _client, _hugepages, _isolation, _limits, _protocol, _spawn
+from . import SandboxError, _cgroup, _client, _hugepages, _isolation, _limits, _protocol, _spawn
 
 logger = logging.getLogger("rstar_env.sandbox")
 
@@ -38,13 +38,20 @@ def random_uid_base() -> int:
 
 
 class LocalWorker(_client.Worker):
-    """A worker forked by the zygote; its exit status arrives on its channel from the zygote. A session's worker
-    holds one of the pool's session reservations (``reserved``) until :meth:`close`."""
+    """A worker forked by the zygote; its exit status arrives on its channel from the zygote."""
 
-    def __init__(self, pool: ZygotePool, call: int, chan: socket.socket, *, reserved: bool = False) -> None:
+    def __init__(self, pool: ZygotePool, call: int, chan: socket.socket) -> None:
         self.pool, self.call, self.chan = pool, call, chan
         self.started = False
-        self.reserved = reserved
+        self.pid: int | None = None
+        """Its pid as the zygote sees it (from ``started``)."""
+        self.cgroup_memory: str | None = None
+        """Its cgroup's memory usage file, once found (:meth:`ZygotePool.held_mb`)."""
+
+    def note(self, message: dict[str, Any]) -> None:
+        if message.get("op") == "started" and isinstance(message.get("pid"), int):
+            self.pid = message["pid"]
+        super().note(message)
 
     def kill(self) -> None:
         self.pool.kill(self.call)
@@ -54,12 +61,7 @@ class LocalWorker(_client.Worker):
         return os.waitstatus_to_exitcode(status) if isinstance(status, int) else None
 
     def close(self) -> None:
-        # The caller closes a session's worker once it is ended (closed, killed on a limit, dead): its reservation
-        # goes back to the pool, once.
         self.chan.close()
-        reserved, self.reserved = self.reserved, False
-        if reserved:
-            self.pool.release_session()
 
 
 class _Zygote:
@@ -129,17 +131,22 @@ def _exiting(pid: int) -> bool:
         return True
 
 
+def _nspids(pid: int) -> list[int]:
+    """``pid``'s pid in each PID namespace it is in, the host's first (``NSpid`` of ``/proc/<pid>/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return [int(p) for p in next(line for line in f if line.startswith("NSpid:")).split()[1:]]
+    except (OSError, StopIteration, ValueError):
+        return []
+
+
 def _find_zygote(wrapper: int, inner_pid: int | None) -> int | None:
     """Host pid of the zygote: the wrapper itself or the process below it whose innermost pid it reported."""
     from . import _proctree
 
     for pid in [wrapper, *_proctree.descendants(wrapper)]:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                nspids = next(line for line in f if line.startswith("NSpid:")).split()[1:]
-        except (OSError, StopIteration):
-            continue
-        if nspids and int(nspids[-1]) == inner_pid:
+        nspids = _nspids(pid)
+        if nspids and nspids[-1] == inner_pid:
             return pid
     return None
 
@@ -245,19 +252,6 @@ class ZygotePool:
         self._closed = False
         self._uid_base = random_uid_base() if _limits.can_drop_privileges() else None
         self._finalizer: weakref.finalize | None = None
-        self._reservations = threading.Lock()
-        self.open_sessions = 0
-        """Sessions holding a reservation: from their worker's spawn to its :meth:`LocalWorker.close`."""
-
-    @property
-    def session_capacity(self) -> int | None:
-        """Sessions that may be open at once: each reserves ``memory_mb`` (all it may ever hold, its ``/tmp`` and
-        ``/dev/shm`` included), and ``memory_mb`` of ``pool_memory_mb`` stays free for calls. None (no limit) when
-        either budget is unset: nothing bounds what a session holds, so nothing can be reserved for it."""
-        memory_mb, pool_mb = self.limits.memory_mb, self.pool_memory_mb
-        if memory_mb is None or pool_mb is None:
-            return None
-        return max(0, (pool_mb - memory_mb) // memory_mb)
 
     # ---------------------------------------------------------------------------------------------- lifecycle
 
@@ -284,8 +278,6 @@ class ZygotePool:
         Drop the child's copies of its sockets (it keeps running for the parent); the child's first call starts a
         zygote of its own."""
         self._lock = threading.Lock()
-        self._reservations = threading.Lock()
-        self.open_sessions = 0  # the sessions open here are the parent's
         zygote, self._zygote = self._zygote, None
         if zygote is not None:
             self._retire(zygote)
@@ -418,52 +410,60 @@ class ZygotePool:
     # ---------------------------------------------------------------------------------------------- workers
 
     def spawn(self, *, session: bool) -> LocalWorker:
-        """Ask the zygote for a worker (restarting a dead zygote once). A session's worker first takes a
-        reservation (:meth:`reserve_session`), which raises :class:`~._base.SessionRefused` when none is left."""
-        if session:
-            self.reserve_session()
+        """Ask the zygote for a worker (restarting a dead zygote once). Admission (room in the pool's memory) is
+        the caller's: :mod:`._admission`."""
+        for _attempt in range(2):
+            zygote = self.start()
+            ours, theirs = socket.socketpair()
+            call = next(self._calls)
+            try:
+                zygote.request_worker(call, session, theirs)
+            except OSError:
+                ours.close()
+                zygote.broken = True  # every reader of the dispatch socket is gone: restart it
+                continue
+            finally:
+                theirs.close()
+            return LocalWorker(self, call, ours)
+        raise SandboxError("the sandbox zygote keeps dying")
+
+    def held_mb(self, worker: LocalWorker) -> int | None:
+        """MiB a worker's cgroup holds (memory, its ``/tmp`` and ``/dev/shm`` files included); None where the pool
+        has no cgroup or the worker's cannot be found. Read between a session's calls, when it is frozen."""
+        if worker.cgroup_memory is None:
+            worker.cgroup_memory = self._find_memory_file(worker)
+        if worker.cgroup_memory is None:
+            return None
         try:
-            for _attempt in range(2):
-                zygote = self.start()
-                ours, theirs = socket.socketpair()
-                call = next(self._calls)
-                try:
-                    zygote.request_worker(call, session, theirs)
-                except OSError:
-                    ours.close()
-                    zygote.broken = True  # every reader of the dispatch socket is gone: restart it
+            with open(worker.cgroup_memory) as f:
+                return -(-int(f.read()) // _cgroup.MIB)
+        except (OSError, ValueError):
+            return None
+
+    def _find_memory_file(self, worker: LocalWorker) -> str | None:
+        """The memory usage file of the worker's cgroup: the one whose process has the worker's pid in the
+        zygote's PID namespace (the zygote names its workers' cgroups; the caller finds them by their members)."""
+        zygote = self._zygote
+        cgroup = zygote.cgroup if zygote is not None else None
+        if worker.pid is None or cgroup is None or zygote is None or zygote.pid is None:
+            return None
+        hierarchy, usage = ("memory", "memory.usage_in_bytes") if cgroup.version == 1 else ("unified", "memory.current")
+        pool_dir = cgroup.paths.get(hierarchy)
+        level = len(_nspids(zygote.pid)) - 1  # the zygote's namespace, counted from the host's
+        if pool_dir is None or level < 0:
+            return None
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(pool_dir):
+                if not entry.is_dir(follow_symlinks=False):
                     continue
-                finally:
-                    theirs.close()
-                return LocalWorker(self, call, ours, reserved=session)
-            raise SandboxError("the sandbox zygote keeps dying")
-        except BaseException:
-            if session:
-                self.release_session()
-            raise
-
-    def reserve_session(self) -> None:
-        """Reserve ``memory_mb`` of the pool for a new session, or raise :class:`~._base.SessionRefused` saying
-        why and what to change. Idle sessions can then never hold so much that a call within ``memory_mb`` is the
-        one the kernel kills for want of pool memory: what they may hold was set aside when they opened."""
-        capacity = self.session_capacity
-        with self._reservations:
-            if capacity is None or self.open_sessions < capacity:
-                self.open_sessions += 1
-                return
-            open_now = self.open_sessions
-        memory_mb, pool_mb = self.limits.memory_mb, self.pool_memory_mb
-        raise _base.SessionRefused(
-            f"the sandbox refused a new session (nothing ran): each open session reserves memory_mb={memory_mb} "
-            f"MiB of pool_memory_mb={pool_mb} MiB, with {memory_mb} MiB kept free for calls, so at most {capacity} "
-            f"may be open at once and {open_now} are; close sessions no longer needed, or raise pool_memory_mb or "
-            "lower memory_mb (sessions that fit: (pool_memory_mb - memory_mb) // memory_mb)"
-        )
-
-    def release_session(self) -> None:
-        """Give a session's reservation back (its worker is ended)."""
-        with self._reservations:
-            self.open_sessions = max(0, self.open_sessions - 1)
+                with contextlib.suppress(OSError, ValueError):
+                    with open(os.path.join(entry.path, "cgroup.procs")) as f:
+                        members = [int(p) for p in f.read().split()]
+                    for pid in members:
+                        nspids = _nspids(pid)
+                        if len(nspids) > level and nspids[level] == worker.pid:
+                            return os.path.join(entry.path, usage)
+        return None
 
     def kill(self, call: int) -> None:
         zygote = self._zygote

@@ -13,9 +13,9 @@ How a call runs::
   no capabilities, a seccomp filter); see ``docs/security.md``.
 * Stateless calls get a fresh fork each; a stateful session keeps one forked worker until ``close_session``,
   stopped (SIGSTOP) and frozen (cgroup freezer) between calls so nothing of it runs while it is not called.
-  Each open session reserves ``memory_mb`` of ``pool_memory_mb`` and ``memory_mb`` stays free for calls: a session
-  that does not fit is refused (its call returns ``crash`` saying so), so what idle sessions hold can never get
-  another episode's call within ``memory_mb`` killed.
+  Each open session reserves what it holds (read from its cgroup, at least 64 MiB; ``memory_mb`` while a call of
+  it runs) and ``memory_mb`` stays free for any call: a call that does not fit waits for room, so what idle
+  sessions hold can never get another episode's call within ``memory_mb`` killed (:mod:`._admission`).
 * No call's code, stdin, report or output is ever read by the zygote (whose memory every later worker is a fork
   of): they travel between the caller and the worker in memfds and pipes that the zygote passes on unread.
 * The zygote, not the worker, tells the caller that a call is over, and only when every process of the call is
@@ -35,7 +35,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _base, _cgroup, _client, _isolation, _limits, _pool
+from . import _admission, _base, _cgroup, _client, _isolation, _limits, _pool
 
 DEFAULT_PRELOAD: tuple[str, ...] = (
     "math",
@@ -104,14 +104,19 @@ class LocalSandbox(_base.ThreadedSandbox):
       ``cpu_s``: CPU seconds per call, counting every process the call starts (timeout + 1).
       ``tmp_mb``: size of each worker's private ``/tmp`` and of its ``/dev/shm`` (256 each, in memory; counted in
       ``memory_mb``, and each cut to half of it, so that a worker's files always fit its own budget).
-    * Sessions and the pool's memory: each open session reserves ``memory_mb`` (all it may hold while idle, files
-      in ``/tmp`` and ``/dev/shm`` included) out of ``pool_memory_mb``, and ``memory_mb`` is always left for calls,
-      so at most ``(pool_memory_mb - memory_mb) // memory_mb`` sessions are open at once. A session that would not
-      fit is refused: its call returns ``crash`` with a message naming both options, having run nothing, and its
-      next call asks again. Closing a session, or a call that ends its worker (timeout, crash, output limit),
-      gives the reservation back. Guarantee: a call that stays within ``memory_mb`` is never the one killed
-      because of what idle sessions hold. Concurrent *running* calls share what sessions leave, unreserved.
-      With ``memory_mb=None`` nothing is reserved or refused (nothing bounds a session).
+    * Sessions and the pool's memory (request and limit, as Kubernetes has them): ``memory_mb`` is each session's
+      limit, enforced by its cgroup; its request, what the pool sets aside for it, is what it holds between calls
+      (its cgroup's usage, files in ``/tmp`` and ``/dev/shm`` included; at least 64 MiB), and ``memory_mb`` while
+      one of its calls runs. A call starts once the other sessions' requests plus ``memory_mb`` fit in
+      ``pool_memory_mb``; until then it *waits* (``ExecResult.queue_s``), and past ``queue_timeout_s`` (30 s) it
+      is turned away unrun as a failure of the system (``ExecResult.system_failure``: the python tool never shows
+      it to the model; the episode ends ``env_error``). So sessions that hold little fit by the hundred (161 at
+      the defaults on a 24 GiB machine), and a call within ``memory_mb`` is never the one killed because of what
+      idle sessions hold. Stateless calls share what sessions leave, unreserved. Closing a session, or a call
+      that ends its worker, gives its request back. With ``memory_mb=None`` nothing is reserved (nothing bounds
+      a session).
+    * ``max_per_client``: calls of one client (``execute(..., client=key)``) running at once (None: no cap);
+      clients are served in turn whatever the cap (:mod:`._fair`).
     * ``max_output_bytes``: stdout + stderr kept per call (1 MiB); more is ``output_limit``.
     * ``max_processes``, ``max_files``, ``max_file_mb``: RLIMIT_NPROC / NOFILE / FSIZE per worker.
     * ``preload``: modules the zygote imports (:data:`DEFAULT_PRELOAD`); ``warmup``: code it runs after.
@@ -150,12 +155,16 @@ class LocalSandbox(_base.ThreadedSandbox):
         spares: int | None = None,
         pool_memory_mb: int | None = None,
         pid_namespace: bool = True,
+        queue_timeout_s: float = _base.DEFAULT_QUEUE_TIMEOUT_S,
+        max_per_client: int | None = None,
     ) -> None:
         super().__init__(
             max_concurrency=max_concurrency or default_concurrency(),
             timeout_s=timeout_s,
             max_output_bytes=max_output_bytes,
             cpu_s=cpu_s,
+            queue_timeout_s=queue_timeout_s,
+            max_per_client=max_per_client,
         )
         for name, value in (("memory_mb", memory_mb), ("pool_memory_mb", pool_memory_mb)):
             if value is not None and value < 64:
@@ -182,6 +191,7 @@ class LocalSandbox(_base.ThreadedSandbox):
             pool_memory_mb=_cgroup.default_pool_memory_mb() if pool_memory_mb is None else pool_memory_mb,
             pid_namespace=pid_namespace,
         )
+        self._gate = _admission.MemoryGate(self.pool.pool_memory_mb, memory_mb)
 
     @property
     def isolation(self) -> _isolation.Isolation | None:
@@ -205,6 +215,9 @@ class LocalSandbox(_base.ThreadedSandbox):
 
     def _spawn(self, *, session: bool) -> _client.Worker:
         return self.pool.spawn(session=session)
+
+    def _held_mb(self, worker: _client.Worker) -> int | None:
+        return self.pool.held_mb(worker) if isinstance(worker, _pool.LocalWorker) else None
 
     def _shutdown(self) -> None:
         self.pool.close()
