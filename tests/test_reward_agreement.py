@@ -34,6 +34,11 @@ def test_the_labelled_set_is_well_formed() -> None:
     # measure were written and never used to tune them; all held out.
     second = [c for c in lines if c.get("round") == 2]
     assert len(second) >= 80 and all(c["split"] == "heldout" for c in second)
+    # Round 3 (issue 42): Math-Verify's tests of the ",\\!" thousands separator, golds of several boxes in their own
+    # delimiters, and the near misses of both. Written with the rules that read them, so dev, never held out.
+    third = [c for c in lines if c.get("round") == 3]
+    assert len(third) >= 20 and all(c["split"] == "dev" for c in third)
+    assert {c["expected"] for c in third} == {0, 1}
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +46,11 @@ def heldout() -> dict:
     return agreement(split="heldout", workers=2)
 
 
-def test_heldout_agreement_at_least_math_verify_and_97_percent(heldout: dict) -> None:
+def test_heldout_agreement_above_math_verify_and_97_percent(heldout: dict) -> None:
     n = heldout["cases"]
     ours, direct = heldout["rstar_env"]["agree"], heldout["direct"]["agree"]
     misses = [r for r in heldout["rows"] if r["ours"] != r["expected"]]
-    assert ours >= direct, misses
+    assert ours > direct, misses
     assert ours >= 0.97 * n, misses
 
 
@@ -66,6 +71,9 @@ def test_no_false_accept_that_math_verify_avoids(heldout: dict) -> None:
         ("346", "\\boxed{0, 346}", 0.0),
         ("33", "+033", 1.0),
         ("(0,\\infty)", "x > 0", 1.0),  # interval against inequality
+        ("32349", "32,\\!349", 1.0),  # a thousands separator with a negative thin space (issue 42)
+        ("32,\\!349", "32, 349", 0.0),  # ... and a list is still never that number
+        ("\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).", "$\\boxed{-2,1}$.", 1.0),  # a gold of several boxes
     ],
 )
 def test_corner_cases_from_the_peer_suites(gold: str, pred: str, expected: float) -> None:

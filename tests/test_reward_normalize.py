@@ -26,6 +26,10 @@ from rstar_env.data.numbers import Number, compare_numbers, parse_number
         ("1,000", 1000),
         ("1{,}000", 1000),
         ("1\\,000", 1000),
+        ("32,\\!349", 32349),  # the MATH dataset's thousands separator: a comma and a negative thin space
+        ("32,\\! 349", 32349),
+        ("1,\\!000,\\!000", 10**6),
+        ("\\$16,\\!386.20", Fraction(163862, 10)),
         ("1 000", 1000),
         ("1,000,000", 10**6),
         ("\\frac{1}{2}", Fraction(1, 2)),
@@ -74,6 +78,9 @@ def test_reads_as_number(text: str, value: Fraction | int) -> None:
         "(1,2)",
         "1,2",
         "1, 2",
+        "32, 349",  # a list
+        "3,\\!2349",  # a comma and a thin space before four digits: no thousands group
+        "1,\\!5",
         "\\{1\\}",
         "x=5,y=6",
         "2\\pi",
@@ -158,3 +165,11 @@ def test_fast_path_is_fast() -> None:
     per_call = (time.perf_counter() - start) / 100
     assert per_call < 2e-4  # microseconds in practice; generous for slow CI
     assert all(p is not None and q is not None for p, q in pairs)
+
+
+def test_datasets_read_the_thin_space_separator_as_the_reward_does() -> None:
+    from rstar_env.data.answers import integer_answer, normalize_answer
+
+    # MATH writes its answers' thousands this way: the dataset's integer filter and the reward agree on them.
+    assert integer_answer("676,\\!000") == 676000 and normalize_answer("$1,\\!000,\\!000$") == "1000000"
+    assert integer_answer("3,\\!2349") is None and integer_answer("32, 349") is None

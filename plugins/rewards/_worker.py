@@ -2,7 +2,8 @@
 
 Protocol (pickled frames over stdin/stdout, see :mod:`.pool`): the worker sends ``("ready", pid)`` once
 math-verify is imported and warm. Each request is a batch, a list of ``(pred, gold, soft_timeout_s, yield_s)``:
-two answer texts, the time the comparison may take (0: no timer of its own) and how long it must have run before it
+two answer texts (the gold may start with :data:`EXACT_SYMBOLIC`, the ``exact_symbolic`` mode), the time the
+comparison may take (0: no timer of its own) and how long it must have run before it
 yields to a ``SIGUSR1`` from the parent (0: never); the worker answers every item with its own frame
 ``(index, verdict, detail, exiting)``, in order, as soon as it is decided, so the parent can hold each comparison to
 its own deadline. ``verdict`` is ``"verified"``, ``"mismatch"``, ``"bad_gold"``, ``"timeout"``, ``"error"`` or
@@ -113,15 +114,31 @@ def read_answer(text: str) -> tuple[Any, ...]:
     return tuple(parse(stripped, parsing_timeout=None))
 
 
+EXACT_SYMBOLIC = "\x00exact_symbolic\x00"
+"""The prefix of a gold text compared under the ``math`` reward's ``exact_symbolic`` option. The mode travels with
+the gold (a NUL never starts a dataset's answer), so the pool, which treats both texts as opaque, carries it to the
+worker, and the verdict cache keys the two modes apart."""
+
+
+def with_mode(gold: str, exact_symbolic: bool) -> str:
+    """``gold`` as sent to a worker: marked with :data:`EXACT_SYMBOLIC` when a symbolic gold needs an exact answer."""
+    return EXACT_SYMBOLIC + gold if exact_symbolic else gold
+
+
 def compare(pred: str, gold: str) -> tuple[str, str]:
     from math_verify import verify
 
+    exact = gold.startswith(EXACT_SYMBOLIC)
+    if exact:
+        gold = gold[len(EXACT_SYMBOLIC) :]
     gold_parsed = read_answer(gold)
     if not gold_parsed:
         return "bad_gold", f"math-verify could not parse the gold answer {gold[:80]!r}"
     pred_parsed = read_answer(pred)
     if not pred_parsed:
         return "mismatch", "prediction not parseable"
+    if exact and is_symbolic(gold_parsed):
+        pred_parsed = exact_decimals(pred_parsed)
     # allow_set_relation_comp: a gold interval "(0,\\infty)" answered as "x > 0" is right; by default math-verify
     # compares set to relation only when the prediction is the set (a false negative on the other order).
     options: dict[str, Any] = {"allow_set_relation_comp": True}
@@ -130,6 +147,39 @@ def compare(pred: str, gold: str) -> tuple[str, str]:
         options["float_rounding"] = places  # "(0.6, 2.6667]" for (3/5, 8/3]: at the precision the answer states
     ok = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None, **options)
     return ("verified" if ok else "mismatch"), ""
+
+
+def is_symbolic(parsed: tuple[Any, ...]) -> bool:
+    """The gold, as parsed, is written with an irrational or transcendental part: a constant (``\\pi``, ``e``), a
+    root or other non-integer power, or a function (a logarithm, a trigonometric value), and no decimal of its own.
+    Under ``exact_symbolic`` such a gold needs an exact answer. A plain rational gold (``\\frac{1}{4}``, ``0.25``) is
+    not symbolic; one written with a radical whose value is rational (``\\sqrt{4}``, ``\\log_2 8``) is, and a decimal
+    that is exactly its value (``2.0``, ``3.0``) is still right (see :func:`exact_decimals`)."""
+    from sympy import Basic, Float, Function, NumberSymbol, Pow
+
+    if not parsed or not isinstance(parsed[0], Basic):
+        return False
+    gold = parsed[0]
+    if gold.has(Float):
+        return False  # a gold that is itself a decimal asks for no more precision than it states
+    if gold.has(NumberSymbol, Function):
+        return True
+    return any(not power.exp.is_integer for power in gold.atoms(Pow))
+
+
+def exact_decimals(parsed: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The prediction with every decimal read as the exact number it writes (``0.866025`` is 173205/200000), so
+    math-verify's rounding of decimals never applies: ``0.866025`` is then not ``\\frac{\\sqrt{3}}{2}``, while
+    ``0.5\\sqrt{3}`` still is. The texts math-verify also compares (the second element on) stay as they are."""
+    from sympy import Basic, Float, Rational
+
+    def exact(expr: Any) -> Any:
+        if not isinstance(expr, Basic):
+            return expr
+        floats = expr.atoms(Float)
+        return expr.xreplace({f: Rational(str(f)) for f in floats}) if floats else expr
+
+    return (exact(parsed[0]), *parsed[1:])
 
 
 _DECIMAL = re.compile(r"(?<![\w.])(\d*)\.(\d+)(?![\d.])")

@@ -19,9 +19,11 @@ from typing import Literal
 from rstar_env.format import answer_blocks, boxed_spans, last_boxed
 
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
-# What may stand between two boxes of one answer: "\boxed{1}, \boxed{2}", "$\boxed{1}$ and $\boxed{2}$" (the
-# separators math-verify accepts between boxes, with math delimiters around them).
-_BETWEEN_BOXES = re.compile(r"[\s$]*(?:,?\s*(?:and|or)|,)?[\s$]*")
+# What may stand between two boxes of one answer: "\boxed{1}, \boxed{2}", "$\boxed{1}$ and $\boxed{2}$",
+# "\(\boxed{1}\) and \(\boxed{-2}\)" (the separators math-verify accepts between boxes, with the math delimiters it
+# reads around them: $, $$, \( \), \[ \]). Matched only against a gap of at most _MAX_GAP characters.
+_DELIMITERS = r"(?:[\s$]|\\[()\[\]])*"
+_BETWEEN_BOXES = re.compile(rf"{_DELIMITERS}(?:,?\s*(?:and|or)|,)?{_DELIMITERS}")
 _MAX_GAP = 24
 _DIGIT = re.compile(r"\d")
 
@@ -51,12 +53,13 @@ def _top_level(spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
 
 def _final_run(text: str, spans: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     """The last box and the boxes just before it that are joined to it only by separators."""
-    run = [spans[-1]]
+    run = [spans[-1]]  # built backwards, then turned: inserting at the front would be quadratic in the boxes
     for span in reversed(spans[:-1]):
-        gap = text[span[1] : run[0][0]]
+        gap = text[span[1] : run[-1][0]]
         if len(gap) > _MAX_GAP or _BETWEEN_BOXES.fullmatch(gap) is None:
             break
-        run.insert(0, span)
+        run.append(span)
+    run.reverse()
     return run
 
 

@@ -15,6 +15,8 @@ cheapest first:
    queue that serves untried comparisons first. So ``score`` is safe from any thread or event loop, never blocks
    the loop, and a pathological answer (``5^{5^{5^5}}``, ``10^{10^{10}}``, megabytes of LaTeX) scores 0 with
    ``reason="timeout"`` after a bounded amount of its own work, without holding back the answers queued after it.
+   With ``exact_symbolic``, a decimal in the answer counts as the exact number it writes when the gold is symbolic
+   (a root, ``\\pi``, a logarithm...), so a printed approximation of an irrational gold is not accepted.
 
 ``reason`` codes (stable, short): ``exact`` (fast path, equal), ``verified`` (math-verify, equal), ``mismatch``
 (either stage, not equal), ``no_answer`` (nothing extracted), ``answer too long``, ``timeout``, ``bad_gold`` (the
@@ -46,6 +48,7 @@ from rstar_env.data.numbers import (
 from rstar_env.plugins import plugin_options
 from rstar_env.trajectory import RewardResult
 
+from ._worker import with_mode
 from .extract import Answer, Boxes, locate
 from .pool import VerifierPool
 
@@ -97,6 +100,10 @@ class MathOptions(BaseModel):
     """Worker processes, started on first use; ``None``: the CPUs this process may use, at most 8."""
     cache_size: int = Field(10_000, ge=0)
     """Verdicts remembered per ``(answer, gold)`` (a group's rollouts often agree); 0 disables the cache."""
+    exact_symbolic: bool = False
+    """A symbolic gold (a root, ``\\pi``, ``e``, a logarithm, a trigonometric value) needs an exact answer: a decimal
+    in the answer counts as the exact number it writes, so ``0.866025`` is not ``\\frac{\\sqrt{3}}{2}``. Off: the
+    decimal rounded to six places is accepted, as math-verify does (a tool-using model can print it)."""
 
 
 class MathReward:
@@ -132,6 +139,7 @@ class MathReward:
         self.memory_mb = opts.memory_mb
         self.workers = opts.workers if opts.workers is not None else default_workers()
         self.cache_size = opts.cache_size
+        self.exact_symbolic = opts.exact_symbolic
         self._cache: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: VerifierPool | None = None
@@ -262,7 +270,7 @@ class MathReward:
             if found.boxes is None or len(found.boxes) > self.max_answer_chars:
                 return RewardResult(0.0, None, "answer too long")
             text = found.boxes
-        return text, gold, found.shown
+        return text, with_mode(gold, self.exact_symbolic), found.shown
 
     def _stage_all(self, pairs: list[tuple[str, str]]) -> list[RewardResult | _Pending]:
         """Extraction, the fast path and the verdict cache; what is left is submitted to the pool (never waits)."""

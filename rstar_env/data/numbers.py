@@ -30,6 +30,10 @@ from fractions import Fraction
 # Decorations that carry no value: math-mode delimiters, LaTeX spacing, \left/\right, display-style fractions.
 # "\\left." / "\\right." are null delimiters: the dot goes with them (else "\\left. 7" would read as .7).
 _SPACING = re.compile(r"\\[,;:! ]|~|\\quad|\\qquad|\\(?:left|right)\.?|\\displaystyle")
+# A comma and a negative thin space before a group of three digits, "32,\\!349" or "11,\\! 111": how LaTeX sources
+# (the MATH dataset's answers among them) write a thousands separator, so the comma is not followed by a space.
+# Before any other group it stays what it reads as, a comma and a space (a list).
+_THIN_COMMA = re.compile(r",\s*\\!\s*(?=\d{3}(?!\d))")
 _DOLLAR = re.compile(r"\\\$|\$")
 # A trailing unit in text mode: "5\text{ cm}". Only at the very end, so "5\text{ or }6" is never read as 56 and
 # "5\text{ m}^2" (not at the end) is left to math-verify.
@@ -189,6 +193,8 @@ def clean(text: str) -> str:
     s = strip_presentation(text.strip()).replace("\u2212", "-")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _DOLLAR.sub("", s)
+    if "\\!" in s:
+        s = _THIN_COMMA.sub(",", s)
     s = _SPACING.sub(" ", s).strip()
     s = s.replace("{,}", ",")
     for _ in range(3):  # a few layers of decoration, e.g. "\text{5}^\circ."; bounded, no loops on odd input
