@@ -23,12 +23,16 @@ A session is frozen between its calls (:meth:`WorkerCgroups.freeze`: the v1 ``fr
 frozen one cannot. A v1-frozen process cannot die either, so every kill here thaws the cgroup after its SIGKILLs
 (the process dies on waking, before it runs any code of its own).
 
+Each worker then makes a cgroup namespace of its own (:func:`unshare_namespace`), rooted at its cgroup: its
+``/proc/self/cgroup`` reads ``/`` in every hierarchy, not the host's path and the pool creator's pid.
+
 Stdlib only: the zygote loads this module without ``rstar_env``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import signal
@@ -41,6 +45,16 @@ V1_OPTIONAL = ("freezer",)
 """Used where mounted: without it, sessions cannot be frozen between calls (see :mod:`._zygote`)."""
 POOL_PREFIX = "rstar-sandbox-"
 MIB = 1 << 20
+CLONE_NEWCGROUP = 0x02000000
+
+
+def unshare_namespace() -> None:
+    """Make a cgroup namespace rooted at the cgroups this process is in now (call once it is in its worker's
+    cgroup, while it still holds ``CAP_SYS_ADMIN``). Raises OSError if the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWCGROUP) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare(CLONE_NEWCGROUP): {os.strerror(errno)}")
 
 
 def _own_paths() -> dict[str, str]:

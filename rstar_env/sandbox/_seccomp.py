@@ -11,7 +11,8 @@ the worker's namespaces, or a channel to other episodes:
 * mounts: ``mount``, ``umount2``, ``pivot_root``, ``chroot`` and the new mount API (``fsopen``, ``fsmount``,
   ``move_mount``, ``open_tree``, ``fspick``, ``fsconfig``, ``mount_setattr``);
 * kernel keyrings: ``keyctl``, ``add_key``, ``request_key`` (a keyring outlives the worker and is shared by uid);
-* ``io_uring_setup``, ``io_uring_enter``, ``io_uring_register``;
+* ``io_uring_setup``, ``io_uring_enter``, ``io_uring_register``, and Linux AIO's ``io_setup`` and ``io_submit``
+  (their requests carry ``RWF_NOWAIT`` in memory the filter cannot read);
 * other processes' memory: ``ptrace``, ``process_vm_readv``, ``process_vm_writev``, ``pidfd_getfd``, ``kcmp``;
 * ``bpf``, ``perf_event_open``, ``userfaultfd``;
 * the kernel and the machine: ``kexec_load``, ``kexec_file_load``, ``init_module``, ``finit_module``,
@@ -20,7 +21,13 @@ the worker's namespaces, or a channel to other episodes:
   space randomisation);
 * notifications about files, which concurrent workers would see on the files they share (the interpreter, the
   standard library): ``inotify_init``, ``inotify_init1``, ``inotify_add_watch``, ``fanotify_init``,
-  ``fanotify_mark``, and ``fcntl`` with ``F_NOTIFY`` (dnotify) or ``F_SETLEASE``.
+  ``fanotify_mark``, and ``fcntl`` with ``F_NOTIFY`` (dnotify) or ``F_SETLEASE``;
+* the page cache of those shared files, which tells which pages another episode read (Gruss et al., "Page Cache
+  Attacks", CCS 2019): ``mincore`` and ``cachestat`` are refused, and ``preadv2`` and ``pwritev2`` with
+  ``RWF_NOWAIT`` in their flags (the sixth argument) fail with ``EOPNOTSUPP``, the kernel's own answer for a file
+  that cannot be read without blocking: code that tries a non-blocking read and falls back to a blocking one (as
+  asyncio-style readers do) keeps working. What is left is timing: a read of a cold page takes longer than one of
+  a cached page (``rstar-env bench sandbox --workload pagecache`` measures it; docs/security.md has the figure).
 
 File locks are a channel on shared files too (one worker holds a lock on ``__future__.py``, another tests it), but
 ordinary code needs them to succeed (``sqlite3`` locks its database): ``flock`` and ``fcntl``'s ``F_SETLK``,
@@ -39,6 +46,7 @@ not read their numbers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -111,6 +119,9 @@ REFUSED = (
     "inotify_add_watch",
     "fanotify_init",
     "fanotify_mark",
+    "io_setup",
+    "io_submit",
+    "mincore",
 )
 """Refused outright with ``EPERM`` (names this architecture lacks are skipped)."""
 
@@ -119,6 +130,13 @@ F_SETLEASE, F_NOTIFY = 1024, 1026
 LOCK_COMMANDS = (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW)
 """``fcntl`` commands that take a lock: they succeed without taking it (see the module docstring)."""
 REFUSED_FCNTL = (F_SETLEASE, F_NOTIFY)
+RWF_NOWAIT = 0x00000008
+NOWAIT_CALLS = ("preadv2", "pwritev2")
+"""Calls whose ``flags`` (argument 5: fd, iov, iovcnt, pos_low, pos_high, flags) may ask for ``RWF_NOWAIT``, which
+fails with ``EAGAIN`` on a page that is not cached: a probe of the page cache without changing it."""
+CACHESTAT = 451
+"""``cachestat`` (Linux 6.5): by number, since older libseccomp releases do not know its name (its number is the
+same on every architecture, from the unified syscall table)."""
 """``fcntl`` commands refused with ``EPERM``: a lease or a directory notification tells of other workers' opens."""
 
 
@@ -149,6 +167,13 @@ def build() -> CompiledFilter:
                 rules.add_rule(refuse, name, seccomp.Arg(1, seccomp.EQ, command))
         except (ValueError, OSError, RuntimeError):
             continue
+    # A non-blocking read tells whether a page of a shared file is cached: refused, with the kernel's own errno
+    # for "this file cannot do that", so that callers fall back to a blocking read.
+    unsupported = seccomp.ERRNO(errno.EOPNOTSUPP)
+    for name in NOWAIT_CALLS:
+        rules.add_rule(unsupported, name, seccomp.Arg(5, seccomp.MASKED_EQ, RWF_NOWAIT, RWF_NOWAIT))
+    with contextlib.suppress(ValueError, OSError, RuntimeError):
+        rules.add_rule(refuse, CACHESTAT)  # a libseccomp too old to know the number: the kernel lacks it too
     # clone3 passes its flags in memory the filter cannot read: ENOSYS makes the C library fall back to clone.
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     # Compiled once here; each worker loads the program with one prctl (libseccomp would recompile it per load).

@@ -35,7 +35,7 @@ import traceback
 import types
 from typing import Any, NoReturn
 
-from . import _limits, _proctree, _protocol
+from . import _cgroup, _limits, _proctree, _procview, _protocol
 
 MAX_ERROR_CHARS = 300
 """A result's ``error`` is a one-line summary, cut to this length."""
@@ -170,6 +170,8 @@ def prepare(
     tmp_binds: list[str] | None = None,
     max_ptys: int | None = _limits.MAX_PTYS,
     syscall_filter: Any = None,
+    cgroup_namespace: bool = False,
+    proc_files: dict[str, bytes] | None = None,
 ) -> None:
     """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
 
@@ -180,13 +182,19 @@ def prepare(
     (``isolation="none"`` only). ``network=False`` adds a network namespace of its own; ``tmp_binds`` are bound
     back over its ``/tmp``; ``max_ptys`` bounds its own ``/dev/pts`` (None: the pool's, shared; see
     :func:`._limits.private_namespaces`). ``syscall_filter`` (:func:`._seccomp.build`) is loaded last, once the
-    worker needs no refused call any more.
+    worker needs no refused call any more. ``cgroup_namespace``: a cgroup namespace of its own, rooted at the cgroup
+    it is in (:func:`._cgroup.unshare_namespace`). ``proc_files`` (:func:`._procview.render`): bound over the
+    host's counters in its ``/proc`` (needs ``private_mounts``).
     """
     _proctree.become_subreaper()
     with contextlib.suppress(OSError):
         os.setsid()
+    if cgroup_namespace:
+        _cgroup.unshare_namespace()
     if private_mounts:
         _limits.private_namespaces(limits.tmpfs_mb, network=network, tmp_binds=tmp_binds or (), max_ptys=max_ptys)
+        if proc_files:
+            _procview.install(proc_files)
         if expose_paths:
             _limits.expose_interpreter(expose_paths)
     os.mkdir(workdir, 0o700)

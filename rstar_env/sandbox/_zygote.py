@@ -63,7 +63,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import _cgroup, _hugepages, _limits, _pidns, _proctree, _protocol, _seccomp, _worker
+from . import _cgroup, _hugepages, _limits, _pidns, _proctree, _procview, _protocol, _seccomp, _worker
 
 SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
@@ -78,6 +78,11 @@ _NO_FREEZER = (
     ": a session stopped between calls that a timer or signal of its own resumes is ended (its state is lost); "
     "mount the cgroup v1 freezer controller, or use cgroup v2"
 )
+_NO_PROC_VIEW = (
+    ": sandboxed code reads the host's counters in /proc (meminfo, stat, loadavg, vmstat, pressure), where "
+    "concurrent episodes' allocations, threads and forks show"
+)
+_NO_CGROUP_NAMESPACE = ": /proc/self/cgroup names the pool's cgroup path on the host, with the pool creator's pid"
 _NO_CGROUP = (
     ": memory_mb bounds each process's address space, not the worker's tree (memfds, shared memory and its /tmp "
     "are not counted), processes are bounded per uid, and a child made with CLONE_PARENT leaves the worker's tree"
@@ -218,6 +223,10 @@ class Zygote:
         """Our own PID namespace (a descriptor) when each worker is PID 1 of one of its own (see :mod:`._pidns`)."""
         if config.get("pid_namespace", True):
             self.pid_ns = self._probe_pid_namespace()
+        self.cgroup_namespace = False
+        """Each worker makes a cgroup namespace of its own (see :func:`._cgroup.unshare_namespace`)."""
+        self.proc_files: dict[str, bytes] | None = None
+        """The worker's own copies of the host's counters, bound over them in its /proc (see :mod:`._procview`)."""
         self.pidfd: int | None = None
         """A pidfd of this process, for a new worker to tell whether we died before it asked to die with us."""
         with contextlib.suppress(OSError, AttributeError):
@@ -300,6 +309,7 @@ class Zygote:
             self.expose_paths = []
         if not private_mounts:
             self.notes.append(f"no private /tmp, /dev/shm and IPC namespace per worker ({ns_error})")
+        self._probe_views(namespaces if private_mounts else None)
         uid = int(uid_base) if uid_base is not None else None
         if uid is None and not private_mounts:
             if self.syscall_filter is not None:
@@ -312,8 +322,12 @@ class Zygote:
         for keep in (False, True):
 
             def setup(keep: bool = keep) -> None:
+                if self.cgroup_namespace:
+                    _cgroup.unshare_namespace()
                 if private_mounts:
                     namespaces()
+                    if self.proc_files:
+                        _procview.install(self.proc_files)
                     if self.expose_paths:
                         _limits.expose_interpreter(self.expose_paths)
                 _limits.drop_privileges(uid, keep_read_search=keep)
@@ -340,6 +354,30 @@ class Zygote:
         self.notes.append(f"cannot give workers private uids or drop their capabilities: {errors[-1]}")
         return private_mounts, False
 
+    def _probe_views(self, namespaces: Any) -> None:
+        """Whether workers can have a cgroup namespace and their own copies of the host's counters (given their own
+        mount namespace: ``namespaces``, the call that makes it); noted where not."""
+        if self.cgroups is not None:
+            error = self._probe(_cgroup.unshare_namespace)
+            self.cgroup_namespace = error is None
+            if error is not None:
+                self.notes.append(f"no cgroup namespace per worker ({error}){_NO_CGROUP_NAMESPACE}")
+        if namespaces is None:
+            self.notes.append(
+                f"no worker's own view of the host's counters (no mount namespace per worker){_NO_PROC_VIEW}"
+            )
+            return
+        try:
+            files = _procview.render(self.limits.memory_mb)
+        except OSError as exc:
+            error = repr(exc)
+        else:
+            error = self._probe(lambda: (namespaces(1), _procview.install(files)))
+        if error is None:
+            self.proc_files = files
+        else:
+            self.notes.append(f"no worker's own view of the host's counters ({error}){_NO_PROC_VIEW}")
+
     # ------------------------------------------------------------------------------------------------ loop
 
     def run(self) -> NoReturn:
@@ -363,6 +401,8 @@ class Zygote:
             "private_network": self.private_mounts and not self.network,
             "huge_pages_mb": self.huge_pages_mb,
             "pid_namespace": self.pid_ns is not None,
+            "cgroup_namespace": self.cgroup_namespace,
+            "proc_view": self.proc_files is not None,
             "notes": self.notes,
         }
         _protocol.send_message(self.control, ready)
@@ -506,6 +546,8 @@ class Zygote:
                 tmp_binds=self.tmp_binds,
                 max_ptys=self.max_ptys,
                 syscall_filter=self.syscall_filter,
+                cgroup_namespace=self.cgroup_namespace,
+                proc_files=self.proc_files,
             )
             # After prepare: a uid change clears the death signal. In a PID namespace of its own, our parent's pid
             # reads 0.
