@@ -163,3 +163,49 @@ def test_workers_that_cannot_start_are_a_system_failure_not_a_score(monkeypatch)
     finally:
         env.close()
         reward.close()
+
+
+def _scheduler(workers: int = 2) -> _Scheduler:
+    """The queue alone, no worker processes: what is taken, in what order, counted."""
+    from rstar_plugins.rewards.pool import _Config, _Slot
+
+    config = _Config(timeout_s=3.0, soft_timeout_s=2.5, probe_s=0.5, latency_s=12.0, memory_mb=0, startup_timeout_s=9)
+    scheduler = _Scheduler(config)
+    scheduler.slots = [_Slot() for _ in range(workers)]
+    return scheduler
+
+
+def _clients_of_batches(scheduler: _Scheduler, batches: int) -> list[list[str]]:
+    taken = []
+    with scheduler.cv:
+        for _ in range(batches):
+            taken.append([task.client for task in scheduler._take_fresh_locked()])
+    return taken
+
+
+def test_one_clients_backlog_never_holds_another_clients_next_comparison() -> None:
+    """Finding 41.3: 120 slow /verify requests of one client in flight, and an honest /verify got 503 after 16 s
+    (and an honest episode's reward timed out): requests were served first come, whoever sent them. Now the honest
+    client's comparison is in the very next batch a worker takes, behind at most one of the flood's."""
+    scheduler = _scheduler()
+    for _ in range(120):
+        scheduler.submit([(f"\\boxed{{{tower(9)}}}", "5")], 12.0, "flood")
+    scheduler.submit([("\\boxed{x+1}", "1+x")], 12.0, "honest")
+    first = _clients_of_batches(scheduler, 1)[0]
+    assert "honest" in first[:2], first
+    assert scheduler.queued == 121 - len(first)
+
+
+def test_clients_with_a_backlog_are_served_in_turn() -> None:
+    scheduler = _scheduler(workers=8)  # small batches; taken one after another, they are the order of service
+    scheduler.submit([("1", "1")] * 6, 12.0, "a")
+    scheduler.submit([("2", "2")] * 3, 12.0, "b")
+    scheduler.submit([("3", "3")] * 2, 12.0, None)  # the default client is a client like any other
+    taken = [c for batch in _clients_of_batches(scheduler, 11) for c in batch]
+    assert taken == ["a", "b", None, "a", "b", None, "a", "b", "a", "a", "a"], taken
+
+
+def test_a_client_key_reaches_the_scheduler_through_the_pool() -> None:
+    with VerifierPool(workers=1, timeout_s=1.5) as pool:
+        assert pool.run("x+2", True, "2+x", client="token-a") == ("verified", "")
+        assert pool.run_many([("\\boxed{3}", "3")], client="token-b") == [("verified", "")]

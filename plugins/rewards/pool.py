@@ -14,6 +14,10 @@ first-come queue, a burst of pathological answers that each run to the timeout h
 ``answers x timeout_s / workers`` seconds, and an ordinary answer behind them waits as long: past the env's
 ``reward_timeout_s``, its episode ended unscored (``env_error``), and so did the last slow answers. Here:
 
+* **Fair between clients.** Each :meth:`~VerifierPool.submit` names its client (``client=``: a token, a
+  connection; ``None`` is the one default client). Untried comparisons are taken from the clients in turn, one
+  each (round robin): however many comparisons one client has queued (120 slow ``/verify`` requests), another
+  client's next one is taken as soon as a worker asks for work, behind at most one of them.
 * **Fair between requests.** Each :meth:`~VerifierPool.submit` is a request (one episode's answer, or one
   trainer's batch). A first attempt may run the full ``timeout_s``, but once it has run ``probe_s`` (half a second
   at the default ``timeout_s`` of 3 s; nearly every comparison takes milliseconds) while comparisons of another
@@ -49,7 +53,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -145,10 +149,11 @@ class _Task:
     """One comparison and its future. ``request``: which :meth:`VerifierPool.submit` it came from; ``deadline``: by
     when a preempted comparison must have its verdict."""
 
-    __slots__ = ("deadline", "future", "gold", "pred", "request", "started")
+    __slots__ = ("client", "deadline", "future", "gold", "pred", "request", "started")
 
-    def __init__(self, pred: str, gold: str, request: int, deadline: float) -> None:
+    def __init__(self, pred: str, gold: str, request: int, deadline: float, client: Hashable = None) -> None:
         self.pred, self.gold, self.request, self.deadline = pred, gold, request, deadline
+        self.client = client
         self.future: Future[Verdict] = Future()
         self.started = False
 
@@ -177,7 +182,9 @@ class _Scheduler:
     def __init__(self, config: _Config) -> None:
         self.config = config
         self.cv = threading.Condition()
-        self.fresh: deque[_Task] = deque()  # not yet tried: served first
+        self.fresh: dict[Hashable, deque[_Task]] = {}  # not yet tried, per client: served first
+        self.turns: deque[Hashable] = deque()  # clients with untried comparisons, in the order they are served
+        self.queued = 0  # untried comparisons, all clients together
         self.waiting: dict[int, int] = {}  # request -> its comparisons in ``fresh``
         self.slow: list[_Task] = []  # preempted after its probe: one full attempt when a worker is free
         self.requests = 0
@@ -187,22 +194,35 @@ class _Scheduler:
         self.kills = 0
 
     # -- queue -------------------------------------------------------------------------------------------------------
-    def submit(self, items: Sequence[tuple[str, str]], latency_s: float) -> list[Future[Verdict]]:
+    def submit(
+        self, items: Sequence[tuple[str, str]], latency_s: float, client: Hashable = None
+    ) -> list[Future[Verdict]]:
         deadline = time.monotonic() + latency_s
         with self.cv:
             if self.closed:
                 raise RuntimeError("this VerifierPool is closed; create a new one")
             self.requests += 1
-            tasks = [_Task(pred, gold, self.requests, deadline) for pred, gold in items]
+            tasks = [_Task(pred, gold, self.requests, deadline, client) for pred, gold in items]
             self._queue_locked(tasks, front=False)
         return [t.future for t in tasks]
 
     def _queue_locked(self, tasks: list[_Task], front: bool) -> None:
-        if front:
-            self.fresh.extendleft(reversed(tasks))
-        else:
-            self.fresh.extend(tasks)
-        for task in tasks:
+        """Queue untried comparisons on their clients' queues (``front``: back where they were, in order)."""
+        for task in reversed(tasks) if front else tasks:
+            queue = self.fresh.get(task.client)
+            if queue is None:
+                queue = self.fresh[task.client] = deque()
+                # Its turn comes after the clients waiting now: one of each, at most, goes before its comparison
+                # (comparisons put back after a worker died go back in front).
+                if front:
+                    self.turns.appendleft(task.client)
+                else:
+                    self.turns.append(task.client)
+            if front:
+                queue.appendleft(task)
+            else:
+                queue.append(task)
+            self.queued += 1
             self.waiting[task.request] = self.waiting.get(task.request, 0) + 1
         self.cv.notify_all()
 
@@ -243,10 +263,18 @@ class _Scheduler:
         return task
 
     def _take_fresh_locked(self) -> list[_Task]:
-        size = max(1, min(_MAX_BATCH, math.ceil(len(self.fresh) / max(1, len(self.slots)))))
+        size = max(1, min(_MAX_BATCH, math.ceil(self.queued / max(1, len(self.slots)))))
         batch: list[_Task] = []
-        while self.fresh and len(batch) < size:
-            task = self.fresh.popleft()
+        while self.turns and len(batch) < size:
+            # One comparison of each client in turn: a backlog never holds another client's next one.
+            client = self.turns.popleft()
+            queue = self.fresh[client]
+            task = queue.popleft()
+            self.queued -= 1
+            if queue:
+                self.turns.append(client)
+            else:
+                del self.fresh[client]
             left = self.waiting[task.request] - 1
             if left:
                 self.waiting[task.request] = left
@@ -479,8 +507,10 @@ class _Scheduler:
     def close(self) -> None:
         with self.cv:
             self.closed = True
-            pending = list(self.fresh) + list(self.slow)
+            pending = [task for queue in self.fresh.values() for task in queue] + list(self.slow)
             self.fresh.clear()
+            self.turns.clear()
+            self.queued = 0
             self.waiting.clear()
             self.slow.clear()
             workers = list(self.procs)
@@ -612,21 +642,22 @@ class VerifierPool:
                         )
                     time.sleep(0.02)
 
-    def submit(self, items: Sequence[tuple[str, str]]) -> list[Future[Verdict]]:
+    def submit(self, items: Sequence[tuple[str, str]], *, client: str | None = None) -> list[Future[Verdict]]:
         """Queue ``(answer text, gold)`` comparisons; one future each, in order, settled with the verdict (or with
         ``RuntimeError`` when the workers cannot start or the pool closes). Cancelling a future that has not
-        started spares the workers its comparison. Never blocks on the workers."""
+        started spares the workers its comparison. Never blocks on the workers. ``client``: whose comparisons these
+        are (a token, a connection); clients are served in turn (None: the one default client)."""
         self.start()
-        return self._scheduler.submit(items, self.config.latency_s)
+        return self._scheduler.submit(items, self.config.latency_s, client)
 
-    def run(self, pred: str, pred_is_latex: bool, gold: str) -> Verdict:
+    def run(self, pred: str, pred_is_latex: bool, gold: str, *, client: str | None = None) -> Verdict:
         """Compare one answer to ``gold`` with math-verify in a worker (blocking).
         ``pred_is_latex``: ``pred`` is a box's content (it is read boxed); otherwise it is answer text."""
-        return self.run_many([(f"\\boxed{{{pred}}}" if pred_is_latex else pred, gold)])[0]
+        return self.run_many([(f"\\boxed{{{pred}}}" if pred_is_latex else pred, gold)], client=client)[0]
 
-    def run_many(self, items: Sequence[tuple[str, str]]) -> list[Verdict]:
+    def run_many(self, items: Sequence[tuple[str, str]], *, client: str | None = None) -> list[Verdict]:
         """:meth:`submit` and wait for every verdict (blocking; thread-safe)."""
-        return [future.result() for future in self.submit(items)]
+        return [future.result() for future in self.submit(items, client=client)]
 
     def run_on_every_worker(self, items: Sequence[tuple[str, str]]) -> None:
         """Compare ``items`` on every worker, all at once (each worker gets the whole list): a worker's LaTeX parser

@@ -3,9 +3,9 @@
 Each call is submitted under a client key (a token, a connection, an episode trainer; ``None`` is the one default
 client). Idle threads take the next call as ``fq_codel``'s deficit round robin does with unit costs:
 
-* a client that had nothing queued (a *new* client) is served before the clients with a backlog (``fq_codel``'s
-  new-flows list), so one call of an honest client waits for at most one running call to end, however many calls
-  another client has queued;
+* a client with nothing queued or running (a *new* client) is served before the clients with a backlog
+  (``fq_codel``'s new-flows list), so one call of an honest client waits for at most one running call to end,
+  however many calls another client has queued;
 * clients with a backlog are served one call each, in turn;
 * ``max_per_client`` (None: no cap) bounds the calls one client has running at once, so a flood never holds every
   thread; a capped client's calls wait while other clients' calls run.
@@ -66,7 +66,9 @@ class FairExecutor:
             queue = self._queues.get(client)
             if queue is None:
                 queue = self._queues[client] = deque()
-                self._new.append(client)
+                # New only with nothing queued *or running*: a flood whose calls are taken as fast as they come
+                # must not pass for new at each call.
+                (self._old if self._running.get(client) else self._new).append(client)
             queue.append(job)
             if self._idle:
                 self._cv.notify()
