@@ -228,12 +228,11 @@ def careless(tmp_path_factory):
         check=True,
     )
     sys.path.insert(0, str(target))
-    saved = plugins_module._registry
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        plugins_module._registry = PluginRegistry()
-    yield [w for w in caught if issubclass(w.category, PluginLoadWarning)]
-    plugins_module._registry = saved
+        fresh = PluginRegistry()
+    with plugins_module.use_registry(fresh):
+        yield [w for w in caught if issubclass(w.category, PluginLoadWarning)]
     sys.path.remove(str(target))
     for name in [m for m in sys.modules if m.startswith(("careless_plugins", "broken_plugins"))]:
         del sys.modules[name]

@@ -294,3 +294,76 @@ def test_the_env_checks_arguments_against_a_derived_schema(typed_tools, math_env
     calls = [turn.tool_calls[0] for turn in traj.turns[:3]]
     assert [c.error for c in calls] == ["bad_call", "bad_call", None]
     assert "missing required argument(s): text" in calls[0].result.text and calls[2].result.text == "hi"
+
+
+# -- the registry belongs to the runtime; hooks are called through pluggy ----------------------------------------
+def test_the_process_registry_is_the_runtimes_and_can_be_swapped_for_a_block():
+    from rstar_env.plugins import use_registry
+    from rstar_env.runtime import runtime
+
+    process = get_registry()
+    assert runtime().component("plugins", PluginRegistry) is process
+    own = PluginRegistry(load_entrypoints=False)
+    with use_registry(own):
+        assert get_registry() is own
+        assert list_plugins("tool") == []  # checked against the registry in use, not the process's
+    assert get_registry() is process and "python" in process.plugins("tool")
+
+
+def test_a_forked_child_registers_although_a_parent_thread_held_the_registry_lock(echo_plugins):
+    import threading
+
+    from ._forked import in_forked_child
+
+    registry = get_registry()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with registry._lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+
+    class Late:
+        name = "late"
+        schema = function_schema("late", "late", {}, [])
+
+        async def call(self, arguments: dict[str, Any], episode: Any) -> ToolResult:
+            return ToolResult("late")
+
+    def child() -> list[str]:
+        register(Late)  # the parent's holder thread does not exist here: its copy of the lock must not block
+        return sorted(get_registry().plugins("tool"))
+
+    try:
+        names = in_forked_child(child, timeout_s=20)
+    finally:
+        release.set()
+        holder.join()
+    assert "late" in names and "late" not in get_registry().plugins("tool")
+
+
+def test_hooks_are_called_through_pluggy_so_a_wrapper_hookimpl_works():
+    from types import SimpleNamespace
+
+    from rstar_env.plugins import hookimpl
+
+    class Wrapped:
+        name = "wrapped"
+        schema = function_schema("wrapped", "w", {}, [])
+
+        async def call(self, arguments: dict[str, Any], episode: Any) -> ToolResult:
+            return ToolResult("w")
+
+    @hookimpl(wrapper=True)
+    def rstar_env_tools():  # a pluggy wrapper: adds one more result to the implementations' (a list per impl)
+        found = yield
+        return [*found, [Wrapped]]
+
+    provider = SimpleNamespace(rstar_env_tools=rstar_env_tools)
+    registry = PluginRegistry(load_entrypoints=False)
+    registry.register(provider)
+    assert registry.plugins("tool")["wrapped"].cls is Wrapped

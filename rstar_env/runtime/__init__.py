@@ -8,7 +8,9 @@
 * the **loop watchdog** (:mod:`rstar_env.watchdog` is its public face);
 * the **shared sandboxes**: sandboxes counted by reference under their settings, so the tools of every env share
   one warm pool per settings (the ``python`` tool's);
-* the **private loops** of the remote sandbox backends (:meth:`Runtime.private_loop`).
+* the **private loops** of the remote sandbox backends (:meth:`Runtime.private_loop`);
+* the **components** the layers above register with it, each built on first use (:meth:`Runtime.component`): the
+  plugin registry (:func:`rstar_env.plugins.get_registry`) is one.
 
 **Fork.** A forked child (a ``multiprocessing`` worker, gymnasium's ``AsyncVectorEnv`` with ``fork``) inherits all
 of this but none of the threads behind it: waiting on the copied loop would hang forever, a copied lock may be held
@@ -31,12 +33,15 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from .loop_thread import LoopThread
 from .loop_watchdog import Incident, Watchdog
 from .shared_sandboxes import SharedSandboxes
 
 log = logging.getLogger("rstar_env.runtime")
+
+T = TypeVar("T")
 
 PLUGIN_THREADS = 64
 """Threads for plain (non-async) plugin methods. A call past its time limit keeps its thread until it returns (a
@@ -59,6 +64,11 @@ class Runtime:
         self._private: weakref.WeakSet[LoopThread] = weakref.WeakSet()
         self._fork_callbacks: list[weakref.ref[Callable[[], None]]] = []
         self._prune_at = 64
+        # Components of the layers above (the plugin registry), by key. Their own lock, re-entrant: building one
+        # imports plugin modules, which may ask the runtime for its loop or another component.
+        self._components: dict[str, Any] = {}
+        self._components_lock = threading.RLock()
+        self._building: set[str] = set()
         self.watchdog = Watchdog()
         self.sandboxes = SharedSandboxes()
 
@@ -89,6 +99,34 @@ class Runtime:
         with self._lock:
             self._private.add(runner)
         return runner
+
+    def component(self, key: str, build: Callable[[], T]) -> T:
+        """The process's one ``key`` component, built by ``build()`` on first use and kept for the life of the
+        process (forked children included; :meth:`reset` keeps it, as it holds no resource to close).
+
+        How a layer above the runtime (which imports nothing of rstar_env) puts its process state under the one
+        owner: ``rstar_env.plugins`` keeps its registry as ``component("plugins", PluginRegistry)``. A component
+        that holds a lock registers a fork callback (:meth:`on_fork`) that replaces it."""
+        with self._components_lock:
+            if key in self._components:
+                return self._components[key]
+            if key in self._building:
+                raise RuntimeError(f"the runtime component {key!r} was asked for while it is being built")
+            self._building.add(key)
+            try:
+                value = self._components[key] = build()
+            finally:
+                self._building.discard(key)
+            return value
+
+    def replace_component(self, key: str, value: Any) -> Any:
+        """Put ``value`` in place of the ``key`` component (``None`` forgets it: the next use builds one anew) and
+        return the one it replaces (``None`` if there was none). For tests and for a program that swaps one."""
+        with self._components_lock:
+            previous = self._components.pop(key, None)
+            if value is not None:
+                self._components[key] = value
+            return previous
 
     def on_fork(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` in every forked child, right after the fork and the runtime's own fresh start.
@@ -134,6 +172,8 @@ class Runtime:
         # of them held stays held, so every lock is replaced, never taken.
         parent, self._pid = self._pid, os.getpid()
         self._lock = threading.Lock()
+        self._components_lock = threading.RLock()
+        self._building = set()
         self._loop, self._threads = None, None
         for runner in list(self._private):
             runner._disown(parent)
