@@ -200,6 +200,26 @@ def test_select_groups_rejects_mixed_or_partial_groups(sg):
         ours.select_groups([bare, bare], rollouts_per_prompt=2, keep=1, sampler=sampler, rng=rng)
 
 
+def test_a_group_with_an_episode_the_system_failed_is_never_trained_on(sg):
+    """Issue 41: an env_error (a sandbox with no room in time, a pool that died) is not the model's doing: its
+    group is dropped whole, as the local trainer does, and counted among the dropped groups."""
+    ours, _ = sg
+
+    def exp(reward, end):
+        info = {k: torch.tensor([1.0]) for k in ours.SUMMARY_KEYS} | {f"end_{end}": torch.tensor([1.0])}
+        return SimpleNamespace(prompts=["a"], rewards=torch.tensor([reward]), info=info)
+
+    class KeepAll:
+        def select(self, group, keep, rng):
+            return list(range(keep))
+
+    group_ok, group_failed = [exp(1.0, "answer"), exp(0.0, "answer")], [exp(1.0, "answer"), exp(0.0, "env_error")]
+    kept, stats = ours.select_groups(
+        group_ok + group_failed, rollouts_per_prompt=2, keep=2, sampler=KeepAll(), rng=np.random.default_rng(0)
+    )
+    assert kept == group_ok and (stats.groups, stats.kept, stats.dropped) == (2, 1, 1)
+
+
 def test_group_size_must_match_n_samples_per_prompt(sg, tmp_path):
     ours, _ = sg
     run = load_config({"trainer": {"backend": "openrlhf", "group_size": 8}})

@@ -20,7 +20,6 @@ into ``experience.info`` (see :mod:`rstar_trainers.openrlhf.agent_func`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 from openrlhf.trainer.ppo_utils import samples_generator as _openrlhf_sg
+from openrlhf.utils.logging_utils import init_logger
 
 from rstar_env.config import RunConfig
 from rstar_env.plugins import load_sampler
 from rstar_env.sampler import checked_select
+from rstar_env.trajectory import SYSTEM_FAILURES
 from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
 from rstar_trainers.openrlhf.engine_queue import generate_vllm_shared_queue
 from rstar_trainers.openrlhf.patch import ORIGINAL_ATTR
@@ -40,7 +41,7 @@ from rstar_trainers.openrlhf.policy_version import TOKEN_VERSIONS_KEY, VERSION_M
 from rstar_trainers.openrlhf.runtime import load_run_config
 from rstar_trainers.openrlhf.trajectory_log import TRAJECTORY_KEY, TrajectoryLog, resumed_step
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)  # OpenRLHF's handlers: a Ray worker prints only what they pass
 
 # Derive from OpenRLHF's own class even when the module attribute has already been replaced by our patch.
 _BaseSamplesGenerator: type = _openrlhf_sg.__dict__.get(ORIGINAL_ATTR) or _openrlhf_sg.SamplesGenerator
@@ -121,6 +122,9 @@ def select_groups(
         if len(prompts) != 1:
             raise ValueError(f"rollouts {start}..{start + rollouts_per_prompt - 1} mix prompts: not one group")
         stats.groups += 1
+        if any(_scalar(e.info.get(f"end_{reason}", 0.0)) for e in group for reason in SYSTEM_FAILURES):
+            stats.dropped += 1  # the system failed an episode (env_error): never trained on, the group left whole
+            continue
         chosen = checked_select(sampler, [_Record.from_experience(e) for e in group], keep, rng)
         if chosen is None:
             stats.dropped += 1
