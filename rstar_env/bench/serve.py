@@ -12,7 +12,13 @@ An episode is a reset, two steps with a python tool call each (the sandbox runs 
 answer, as a short rStar2-Agent episode. Reported per way: steps per second (steps over the wall time of the whole
 concurrency level), the p50 / p99 latency of one step (reset excluded) and the p50 of each kind of step (a tool
 call waits for the sandbox; an answer only for the verifier, milliseconds): the overall p50 of a mix of two kinds
-says little on its own. The ratio is server p50 over in-process p50.
+says little on its own. The ratio is server p50 over in-process p50. Sessions that fail (a connection refused or
+timed out, a step that errs) are counted and named in the table, never a traceback; the server's memory per idle
+session is measured at each level (its unique memory with that many sessions reset and waiting, over the count).
+
+``--scenario flood``: one client keeps a backlog of slow ``/run_code`` calls (``time.sleep(1)``, ``--flood`` of
+them in flight) while an honest client sends short calls one after another; reported: the honest client's p50 and
+p99 alone and beside the flood, and the flood's throughput.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import click
@@ -107,14 +114,31 @@ class ServerProcess:
         return self.proc.wait()
 
 
-async def _through_server(url: str, sessions: int, episodes: int) -> dict[str, Any]:
+OPENING = 256
+"""Connections a benchmark client opens at once (the rest wait their turn), as a trainer ramps up its sessions."""
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}".rstrip(": ")
+
+
+async def _open(url: str, opening: asyncio.Semaphore) -> Any:
     from openenv.core.generic_client import GenericEnvClient
 
+    env = GenericEnvClient(base_url=url, connect_timeout_s=300, message_timeout_s=600)
+    async with opening:
+        await env.connect()
+    return env
+
+
+async def _through_server(url: str, sessions: int, episodes: int) -> dict[str, Any]:
     latencies: list[tuple[str, float]] = []
     rewards: list[float] = []
+    opening = asyncio.Semaphore(OPENING)
 
     async def session(k: int) -> None:
-        async with GenericEnvClient(base_url=url, message_timeout_s=300) as env:
+        env = await _open(url, opening)
+        try:
             for e in range(episodes):
                 row, actions = _episode(k * episodes + e)
                 await env.reset(**row)
@@ -123,10 +147,31 @@ async def _through_server(url: str, sessions: int, episodes: int) -> dict[str, A
                     result = await env.step({"text": action})
                     latencies.append((kind, time.perf_counter() - start))
                 rewards.append(float(result.reward or 0.0))
+        finally:
+            await env.disconnect()
 
     start = time.perf_counter()
-    await asyncio.gather(*(session(k) for k in range(sessions)))
-    return _summary(latencies, time.perf_counter() - start, rewards)
+    outcomes = await asyncio.gather(*(session(k) for k in range(sessions)), return_exceptions=True)
+    failed = Counter(_failure(o) for o in outcomes if isinstance(o, BaseException))
+    summary = _summary(latencies, time.perf_counter() - start, rewards) if latencies else {"steps": 0}
+    return {**summary, "failed_sessions": sum(failed.values()), "failures": dict(failed.most_common(3))}
+
+
+async def _idle_memory(url: str, pid: int, sessions: int) -> float:
+    """The server's unique memory per session with ``sessions`` sessions reset and idle, in KiB."""
+    import psutil
+
+    server = psutil.Process(pid)
+    before = server.memory_full_info().uss
+    opening = asyncio.Semaphore(OPENING)
+    envs = await asyncio.gather(*(_open(url, opening) for _ in range(sessions)), return_exceptions=True)
+    live = [env for env in envs if not isinstance(env, BaseException)]
+    try:
+        await asyncio.gather(*(env.reset(problem="What is 2 + 2?", answer="4") for env in live))
+        after = server.memory_full_info().uss
+    finally:
+        await asyncio.gather(*(env.disconnect() for env in live), return_exceptions=True)
+    return (after - before) / 1024 / max(len(live), 1)
 
 
 async def _in_process(plugins: tuple[Any, Any], sessions: int, episodes: int) -> dict[str, Any]:
@@ -159,7 +204,9 @@ def run(concurrency: tuple[int, ...] = (1, 16, 64), episodes: int = 4) -> dict[s
     """Measure both ways at each concurrency; returns ``{"levels": [{sessions, server, in_process, ratio}], ...}``."""
     from rstar_env import aio
     from rstar_env.plugins import load_reward, load_tool
+    from rstar_env.serve.net import raise_open_files
 
+    raise_open_files()  # one descriptor per session's connection
     tool, reward = load_tool("python"), load_reward("math")
     try:
         server = ServerProcess("env", "--max-sessions", str(max(concurrency)))
@@ -173,12 +220,16 @@ def run(concurrency: tuple[int, ...] = (1, 16, 64), episodes: int = 4) -> dict[s
         for sessions in concurrency:
             through = asyncio.run(_through_server(server.url, sessions, episodes))
             local = aio.run_sync(_in_process((tool, reward), sessions, episodes))
+            idle_kib = asyncio.run(_idle_memory(server.url, server.proc.pid, sessions))
             levels.append(
                 {
                     "sessions": sessions,
                     "server": through,
                     "in_process": local,
-                    "p50_ratio_server_over_in_process": through["p50_ms"] / local["p50_ms"],
+                    "idle_session_kib": idle_kib,
+                    "p50_ratio_server_over_in_process": through.get("p50_ms", float("nan")) / local["p50_ms"],
+                    "steps_per_s_ratio_in_process_over_server": local["steps_per_s"]
+                    / max(through.get("steps_per_s", 0.0), 1e-9),
                 }
             )
     finally:
@@ -186,6 +237,76 @@ def run(concurrency: tuple[int, ...] = (1, 16, 64), episodes: int = 4) -> dict[s
         aio.run_sync(tool.aclose())
         aio.run_sync(reward.aclose())
     return {"episodes_per_session": episodes, "steps_per_episode": len(STEPS), "cpus": os.cpu_count(), "levels": levels}
+
+
+async def _flood(url: str, flood: int, honest_calls: int) -> dict[str, Any]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=flood + 8, max_keepalive_connections=flood + 8)
+    done = {"flood": 0, "failed": 0}
+    stop = asyncio.Event()
+
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def flooder() -> None:
+            while not stop.is_set():
+                try:
+                    reply = await client.post(
+                        f"{url}/run_code",
+                        json={"code": "import time; time.sleep(1)", "language": "python"},
+                        headers={"X-Rstar-Client": "flood"},
+                    )
+                    done["flood" if reply.status_code == 200 else "failed"] += 1
+                except httpx.HTTPError:
+                    done["failed"] += 1
+
+        async def honest() -> list[float]:
+            times = []
+            for _ in range(honest_calls):
+                start = time.perf_counter()
+                reply = await client.post(
+                    f"{url}/run_code",
+                    json={"code": "print(6 * 7)", "language": "python"},
+                    headers={"X-Rstar-Client": "honest"},
+                )
+                reply.raise_for_status()
+                times.append(time.perf_counter() - start)
+            return times
+
+        alone = await honest()
+        tasks = [asyncio.create_task(flooder()) for _ in range(flood)]
+        await asyncio.sleep(3)  # the backlog builds up
+        beside = await honest()
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stats(times: list[float]) -> dict[str, Any]:
+        ordered = sorted(times)
+        p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+        return {"calls": len(ordered), "p50_ms": 1e3 * statistics.median(ordered), "p99_ms": 1e3 * p99}
+
+    return {
+        "alone": stats(alone),
+        "beside_flood": stats(beside),
+        "flood_done": done["flood"],
+        "flood_failed": done["failed"],
+    }
+
+
+def run_flood(flood: int = 80, honest_calls: int = 40) -> dict[str, Any]:
+    """The flood scenario (see the module docstring)."""
+    from rstar_env.serve.net import raise_open_files
+
+    raise_open_files()
+    try:
+        server = ServerProcess("sandbox")
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        result = asyncio.run(_flood(server.url, flood, honest_calls))
+    finally:
+        server.stop()
+    return {"flood": flood, "cpus": os.cpu_count(), **result}
 
 
 @click.command(name="serve")
@@ -220,10 +341,21 @@ def command(concurrency: tuple[int, ...], episodes: int, as_json: bool) -> None:
     for level in result["levels"]:
         for name in ("server", "in_process"):
             row = level[name]
+            if not row.get("steps"):
+                click.echo(f"{level['sessions']:>8}  {name:<10} no step completed")
+                continue
             kinds = row["p50_ms_by_kind"]
             click.echo(
                 f"{level['sessions']:>8}  {name:<10} {row['steps_per_s']:>8.1f} {row['p50_ms']:>8.2f} "
                 f"{row['p99_ms']:>8.2f} {kinds['call']:>9.2f} {kinds['answer']:>10.2f} "
                 f"{row['mean_reward']:>6.2f}"
             )
-        click.echo(f"{'':>8}  p50 server / in-process: {level['p50_ratio_server_over_in_process']:.2f}x")
+        click.echo(
+            f"{'':>8}  p50 server / in-process: {level['p50_ratio_server_over_in_process']:.2f}x; steps/s "
+            f"in-process / server: {level['steps_per_s_ratio_in_process_over_server']:.2f}x; "
+            f"{level['idle_session_kib']:.0f} KiB per idle session"
+        )
+        failed = level["server"]["failed_sessions"]
+        if failed:
+            named = "; ".join(f"{count}x {what}" for what, count in level["server"]["failures"].items())
+            click.echo(f"{'':>8}  FAILED sessions: {failed} of {level['sessions']} ({named})")

@@ -324,14 +324,20 @@ def add_env_routes(app: FastAPI, resources: Resources, sessions: Sessions) -> Ht
         return episodes.state(episode_id, client_of(request.scope))
 
     @app.get("/capacity", tags=["Health"], summary="Sessions open and allowed")
-    async def capacity() -> dict[str, Any]:
+    async def capacity(request: Request) -> dict[str, Any]:
         counts = sessions.counts()
+        gates = {name: getattr(request.app.state, f"{name}_gate", None) for name in ("run_code", "verify")}
         active = sum(counts.values())
         return {
             **ServerCapacityStatus.from_counts(active, sessions.max_sessions).model_dump(),
             "available_slots": max(sessions.max_sessions - active, 0),
             "http_episodes": counts["http"],
             "by_kind": counts,
+            "calls": {
+                name: {"slots": gate.slots, "running": gate.busy, "queued": gate.queued()}
+                for name, gate in gates.items()
+                if gate is not None
+            },
         }
 
     # OpenEnv's stateless routes; its /ws, /mcp, /reset and /step are shadowed by the ones above.
