@@ -286,13 +286,15 @@ def test_progress_lines_have_a_heartbeat():
 
     from rich.console import Console
 
-    from rstar_env.cli import _ProgressLines
+    from rstar_env.progress import RunProgress
 
     buffer = io.StringIO()
-    with _ProgressLines(Console(file=buffer, width=200), 1000, every_s=0.05) as log:
-        log.update(1, "pass@1 1.000")  # not a tenth: no line of its own
-        time.sleep(0.3)
-        log.update(100, "pass@1 0.500")  # a tenth
+    reporter = RunProgress(Console(file=buffer, width=200), every_s=3600, heartbeat_s=0.05, every_fraction=0.1)
+    with reporter as log:
+        log.update("eval", 0, 1000)
+        log.update("eval", 1, 1000, text="pass@1 1.000")  # not a tenth: no line of its own
+        time.sleep(5.3)  # the heartbeat wakes at most every 5 s
+        log.update("eval", 100, 1000, text="pass@1 0.500")  # a tenth
     lines = buffer.getvalue().splitlines()
     assert lines[0].startswith("eval: 0/1000 (0%)")
     assert any(line.startswith("eval: 1/1000 (0%)  pass@1 1.000  elapsed") for line in lines[1:]), lines

@@ -150,3 +150,20 @@ def test_an_unknown_command_with_no_mounted_entry_point_names_the_fix():
     assert "pip install --no-deps -e ." in result.output
     plain = CliRunner().invoke(main, ["no-such-command"])  # commands are mounted: a plain typo stays plain
     assert plain.exit_code == 2 and "No such command" in plain.output and "entry-point group" not in plain.output
+
+
+def test_every_command_is_a_module_mounted_through_one_table():
+    import click
+
+    from rstar_env import cli
+    from rstar_env.commands import COMMANDS
+
+    assert main.commands == {}  # the group defines no command of its own
+    for name, where in COMMANDS.items():
+        module, _, attr = where.partition(":")
+        assert module == f"rstar_env.commands.{name.replace('-', '_')}" and attr == "command"
+        command = main.get_command(click.Context(main), name)
+        assert isinstance(command, click.Command) and command.name == name, name
+    # the old import places of the commands still work
+    assert cli.eval_command is main.get_command(click.Context(main), "eval")
+    assert cli.COMMANDS == "rstar_env.commands"

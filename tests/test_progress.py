@@ -35,7 +35,11 @@ def test_plain_progress_is_throttled_and_ends_each_phase():
         progress.print("a table row")
     lines = buffer.getvalue().splitlines()
     # the start, the end and nothing in between (every_s not reached); the row as printed
-    assert lines == ["step 1: rollouts: 0/24 (0 s)", "step 1: rollouts: 24/24 (0 s)", "a table row"]
+    assert lines == [
+        "step 1: rollouts: 0/24 (0%)  elapsed 0 s",
+        "step 1: rollouts: 24/24 (100%)  elapsed 0 s",
+        "a table row",
+    ]
 
 
 def test_plain_progress_heartbeat_when_a_phase_is_silent():
@@ -44,7 +48,7 @@ def test_plain_progress_heartbeat_when_a_phase_is_silent():
         progress.update("update", 0, 1, "step 3: updating the weights")
         time.sleep(5.5)  # the heartbeat thread wakes at most every 5 s
     beats = [line for line in buffer.getvalue().splitlines() if "still working" in line]
-    assert beats and beats[0].startswith("step 3: updating the weights: 0/1 (")
+    assert beats and beats[0].startswith("step 3: updating the weights: 0/1 (0%)")
 
 
 def test_heartbeat_names_a_phase_still_running_when_the_last_one_finished():
@@ -84,7 +88,7 @@ def test_a_step_table_prints_its_header_with_its_first_row_and_once():
     assert lines[start : start + 3] == [*table_header(RL_COLUMNS), RL_LEGEND]
     assert lines[start + 3] == table_row(RL_COLUMNS, {"step": 1, "reward": 0.5})
     assert lines[start + 4].split()[:2] == ["2", "0.750"] and len(lines) == start + 5
-    assert lines[:2] == ["loading the model", "held-out episodes: 4/4 (0 s)"]
+    assert lines[:2] == ["loading the model", "held-out episodes: 4/4 (100%)  elapsed 0 s"]
 
 
 def test_tables_fit_100_columns_with_honest_headers():

@@ -1,155 +1,22 @@
-"""What a local training run shows while it works: progress of each long phase, a per-step table, an end summary.
-
-The trainers only call ``on_progress(key, done, total, description)`` (no display code in them); :class:`RunProgress`
-turns those calls into rich progress bars on a terminal, or into plain, throttled log lines when the output is not a
-terminal (CI logs), with a heartbeat line whenever a phase has been silent for ``heartbeat_s``, so a log never goes
-quiet for long.
+"""What a local training run shows: its per-step tables and end summary, printed through rstar-env's one
+progress reporter (:mod:`rstar_env.progress`; :class:`RunProgress`, :class:`StepTable` and :class:`Column` are
+re-exported here, their old import place).
 """
 
 from __future__ import annotations
 
-import math
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-
-ProgressCallback = Callable[[str, int, int, str], None]
-"""``(key, done, total, description)``: a phase (``key``) has ``done`` of ``total`` units finished."""
-
-
-@dataclass
-class _Phase:
-    description: str
-    done: int
-    total: int
-    started: float
-    printed: float
-    task: TaskID | None = None
-
-
-class RunProgress:
-    """Progress bars (terminal) or log lines (anything else) for the phases a trainer reports.
-
-    Use as a context manager; pass :meth:`update` to the trainer as its ``on_progress`` and print table rows with
-    :meth:`print` (they appear above the bars). ``plain`` forces log lines (default: when ``console`` is not a
-    terminal).
-    """
-
-    def __init__(
-        self,
-        console: Console | None = None,
-        *,
-        plain: bool | None = None,
-        every_s: float = 10.0,
-        heartbeat_s: float = 25.0,
-    ) -> None:
-        self.console = console or Console(stderr=True)
-        self.plain = (not self.console.is_terminal) if plain is None else plain
-        self.every_s = every_s
-        self.heartbeat_s = heartbeat_s
-        self._phases: dict[str, _Phase] = {}
-        self._current: str | None = None
-        self._lock = threading.Lock()
-        self._last_output = time.monotonic()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._bars: Progress | None = None
-
-    def __enter__(self) -> RunProgress:
-        if self.plain:
-            self._thread = threading.Thread(target=self._heartbeat, name="progress-heartbeat", daemon=True)
-            self._thread.start()
-        else:
-            self._bars = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(bar_width=30),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.console,
-                transient=True,
-            )
-            self._bars.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1)
-        if self._bars is not None:
-            self._bars.stop()
-
-    def update(self, key: str, done: int, total: int, description: str = "") -> None:
-        """Report progress of phase ``key``; a phase that restarts (``done`` back to 0) starts its clock again."""
-        now = time.monotonic()
-        description = description or key
-        with self._lock:
-            phase = self._phases.get(key)
-            if phase is None or done < phase.done or done == 0:
-                task = phase.task if phase is not None else None
-                phase = self._phases[key] = _Phase(description, done, total, now, 0.0, task)
-            phase.description, phase.done, phase.total = description, done, total
-            self._current = key
-            if self._bars is not None:
-                if phase.task is None:
-                    phase.task = self._bars.add_task(description, total=total)
-                if done == 0:
-                    self._bars.reset(phase.task, total=total, description=description)
-                self._bars.update(
-                    phase.task, completed=done, total=total, description=description, visible=done < total
-                )
-                return
-            finished = done >= total
-            if finished or done == 0 or now - phase.printed >= self.every_s:
-                phase.printed = now
-                self._emit(f"{description}: {done}/{total} ({_seconds(now - phase.started)})")
-
-    def print(self, text: str) -> None:
-        """A line of output (a table row), above the bars."""
-        with self._lock:
-            self._emit(text)
-
-    def _emit(self, text: str) -> None:
-        self._last_output = time.monotonic()
-        (self._bars.console if self._bars is not None else self.console).print(
-            text, markup=False, highlight=False, soft_wrap=True
-        )
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(min(self.heartbeat_s, 5.0)):
-            with self._lock:
-                now = time.monotonic()
-                if now - self._last_output < self.heartbeat_s:
-                    continue
-                phase = self._phases.get(self._current) if self._current else None
-                if phase is None or phase.done >= phase.total:  # another phase may still run (parallel arms)
-                    phase = next((p for p in reversed(self._phases.values()) if p.done < p.total), None)
-                if phase is not None and phase.done < phase.total:
-                    self._emit(
-                        f"{phase.description}: {phase.done}/{phase.total} "
-                        f"({_seconds(now - phase.started)}, still working)"
-                    )
-                else:
-                    self._emit("still working")
-
-
-def _seconds(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
-
-
-# -- the per-step tables ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Column:
-    header: tuple[str, str]
-    """Two header lines (a name, then what it is of)."""
-    key: str
-    width: int
-    format: str = ".3g"
-
+from rstar_env.progress import (
+    Column,
+    ProgressCallback,
+    RunProgress,
+    StepTable,
+    table_header,
+    table_row,
+)
+from rstar_env.progress import seconds as _seconds
 
 RL_COLUMNS: Sequence[Column] = (
     Column(("step", ""), "step", 5, "d"),
@@ -186,49 +53,6 @@ COMPARE_COLUMNS: Sequence[Column] = (
 """One arm's RL step per row of ``rstar-env compare`` (``arm``: e.g. ``roc/0``), within 80 columns."""
 
 RL_LEGEND = "tool err per call: failed tool calls / tool calls; 'correct': in trajectories that scored only"
-
-
-def table_header(columns: Sequence[Column]) -> list[str]:
-    return ["  ".join(f"{c.header[line]:>{c.width}}" for c in columns).rstrip() for line in (0, 1)]
-
-
-def table_row(columns: Sequence[Column], metrics: Mapping[str, Any]) -> str:
-    cells = []
-    for c in columns:
-        value = metrics.get(c.key)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            cells.append(f"{'-':>{c.width}}")
-        elif c.format == "s":
-            cells.append(f"{value!s:>{c.width}}")
-        elif c.format == "d":
-            cells.append(f"{int(value):>{c.width}d}")
-        else:
-            cells.append(f"{value:>{c.width}{c.format}}")
-    return "  ".join(cells)
-
-
-class StepTable:
-    """A per-step table printed through ``progress``; pass :meth:`add` as a trainer's ``on_step``.
-
-    The header (and ``legend``) goes out with the first row, not when the run starts: what a run prints before its
-    first step (model loading, a held-out evaluation, the step's progress lines) would otherwise stand between the
-    header and the rows it names. :meth:`add` may be called from several threads (parallel arms).
-    """
-
-    def __init__(self, progress: RunProgress, columns: Sequence[Column], legend: str | None = None) -> None:
-        self.progress = progress
-        self.columns = columns
-        self.legend = legend
-        self._started = False
-        self._lock = threading.Lock()
-
-    def add(self, metrics: Mapping[str, Any]) -> None:
-        with self._lock:
-            if not self._started:
-                self._started = True
-                for line in (*table_header(self.columns), *([self.legend] if self.legend else [])):
-                    self.progress.print(line)
-            self.progress.print(table_row(self.columns, metrics))
 
 
 # -- the end summary ----------------------------------------------------------------------------------------------
@@ -314,3 +138,22 @@ def peak_memory_gib() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return max(own, children) / scale
+
+
+__all__ = [
+    "COMPARE_COLUMNS",
+    "HELD_OUT_KEYS",
+    "RL_COLUMNS",
+    "RL_LEGEND",
+    "SFT_COLUMNS",
+    "Column",
+    "ProgressCallback",
+    "RunProgress",
+    "StepTable",
+    "held_out_line",
+    "paired_gain",
+    "peak_memory_gib",
+    "summary_lines",
+    "table_header",
+    "table_row",
+]
