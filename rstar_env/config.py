@@ -15,22 +15,28 @@ Errors name the file, the key and what was wrong (:class:`ConfigError`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
 from rstar_env.presets import apply_preset, get_preset
+
+if TYPE_CHECKING:
+    from rstar_env.plugins import PluginRegistry
 
 
 class ConfigError(ValueError):
@@ -177,6 +183,113 @@ class PolicyConfig(_Model):
     ``transformers``: our own sampling loop; ``auto``: vLLM when it is installed, else transformers."""
 
 
+class TrainerSettings(BaseModel):
+    """The keys every trainer section shares, typed once: the ``backend`` that runs it, ``stage``, ``model``,
+    ``output_dir``, ``seed``, and how it samples. Each trainer's model extends it (the local trainer's
+    ``LocalTrainerConfig``, with the RL hyperparameters both trainers share), giving a field its own default, never
+    another meaning. The sampling keys are also read by ``rstar-env eval`` and ``chat`` (unless a flag says
+    otherwise), so a model is evaluated as it was trained. ``None``: not set (the reader's default applies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = "local"
+    """The trainer that runs the config: ``local`` (``rstar-env train``) or ``openrlhf`` (``rstar-env launch``)."""
+    stage: Literal["rl", "sft"] = "rl"
+    model: str | None = None
+    """The model to train (each backend has its default)."""
+    output_dir: str | None = None
+    seed: int | None = None
+
+    temperature: NonNegativeFloat | None = None
+    """The rollouts' sampling temperature."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_new_tokens: PositiveInt | None = None
+    """Tokens per assistant turn (the OpenRLHF trainer names it ``max_new_tokens_per_turn``)."""
+    eval_temperature: NonNegativeFloat | None = None
+    """The held-out evaluation's temperature, when it differs from the rollouts'."""
+    eval_max_new_tokens: PositiveInt | None = None
+    """The held-out evaluation's tokens per turn, when they differ from the rollouts'."""
+
+
+class TrainerSection(TrainerSettings):
+    """The ``trainer`` section of a :class:`RunConfig`: the shared keys typed (:class:`TrainerSettings`), the
+    backend's own keys kept as given (``extra="allow"``) and validated by that backend's model when it runs the
+    config (the OpenRLHF trainer's keys pass through unchanged).
+
+    It reads as a mapping of the keys the config set (``section["lr"]``, ``section.get("stage")``, ``dict(section)``),
+    as the untyped section did, so a backend validates exactly what the user wrote.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    max_new_tokens_per_turn: PositiveInt | None = None
+    """The OpenRLHF trainer's name for ``max_new_tokens``."""
+
+    def sampling(self, **given: float | int | None) -> dict[str, Any]:
+        """The sampling settings of a held-out evaluation: a value in ``given`` (a command-line flag) when not
+        ``None``, else this section's (the ``eval_`` value first, then the rollouts'), else left out (the
+        policy's default). Names: ``temperature``, ``top_p``, ``max_new_tokens``."""
+        found = {
+            "temperature": _first(self.eval_temperature, self.temperature),
+            "top_p": self.top_p,
+            "max_new_tokens": _first(self.eval_max_new_tokens, self.max_new_tokens, self.max_new_tokens_per_turn),
+        }
+        chosen = {}
+        for name, value in given.items():
+            value = found[name] if value is None else value
+            if value is not None:
+                chosen[name] = value
+        return chosen
+
+    def _given(self) -> dict[str, Any]:
+        # The keys the config set: a field left at its default is not the user's (a backend applies its own).
+        return {k: v for k, v in self.model_dump(exclude_unset=True).items() if not (v is None and k in _TYPED)}
+
+    def __getitem__(self, key: str) -> Any:
+        given = self._given()
+        if key not in given:
+            raise KeyError(key)
+        return given[key]
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  (a mapping's keys, as the untyped section had)
+        return iter(self._given())
+
+    def __len__(self) -> int:
+        return len(self._given())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._given()
+
+    def keys(self) -> Any:
+        return self._given().keys()
+
+    def items(self) -> Any:
+        return self._given().items()
+
+    def values(self) -> Any:
+        return self._given().values()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._given().get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._given() == dict(other)
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_TYPED = frozenset(TrainerSection.model_fields)
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+Mapping.register(TrainerSection)
+
+
 def _default_tools() -> list[PluginSpec]:
     return [PluginSpec(name="python")]
 
@@ -191,8 +304,13 @@ class RunConfig(_Model):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    trainer: dict[str, Any] = Field(default_factory=dict)
-    """The trainer's own section (``backend: local | openrlhf`` and its settings), validated by that trainer."""
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    """The trainer's section: ``backend``, the shared and sampling keys typed (:class:`TrainerSection`), the
+    backend's own keys validated by that backend."""
+
+    @field_serializer("trainer")
+    def _dump_trainer(self, section: TrainerSection) -> dict[str, Any]:
+        return dict(section.items())  # what the config set, so a dump loads back the same section
 
     @model_validator(mode="before")
     @classmethod
@@ -242,13 +360,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(
-    source: str | Path | dict[str, Any] | RunConfig | None = None, *, preset: str | None = None, **overrides: Any
+    source: str | Path | dict[str, Any] | RunConfig | None = None,
+    *,
+    preset: str | None = None,
+    registry: PluginRegistry | None = None,
+    **overrides: Any,
 ) -> RunConfig:
     """Build a :class:`RunConfig` from a YAML path, a dict or nothing (defaults).
 
     ``overrides`` replace whole top-level sections (``tools=[...]``, ``reward="format"``); ``None`` values are
     ignored, so callers can pass optional keyword arguments straight through. ``preset`` sets ``env.preset``: the
-    preset fills what neither ``source`` nor ``overrides`` set.
+    preset fills what neither ``source`` nor ``overrides`` set. The plugins the config names are checked against
+    ``registry`` (default: the process's, :func:`rstar_env.plugins.get_registry`); nothing is registered.
     """
     given = {key: value for key, value in overrides.items() if value is not None}
     if isinstance(source, RunConfig):
@@ -273,17 +396,17 @@ def load_config(
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_error_message(exc, f"invalid config {origin}:")) from None
-    check_plugins(cfg, origin)
+    check_plugins(cfg, origin, registry=registry)
     return cfg
 
 
-def check_plugins(cfg: RunConfig, origin: str = "(config)") -> None:
-    """Check every plugin the config names against the registry, and its options against the plugin (its
-    ``options_model``, else its constructor), before anything is built or loaded. Raises :class:`ConfigError`
-    naming the key, the registered names and what is wrong."""
+def check_plugins(cfg: RunConfig, origin: str = "(config)", *, registry: PluginRegistry | None = None) -> None:
+    """Check every plugin the config names against ``registry`` (default: the process's), and its options against
+    the plugin (its ``options_model``, else its constructor), before anything is built or loaded. Raises
+    :class:`ConfigError` naming the key, the registered names and what is wrong."""
     from rstar_env.plugins import OptionsError, PluginError, get_registry
 
-    registry = get_registry()
+    registry = registry if registry is not None else get_registry()
     sections: list[tuple[str, Literal["tool", "reward", "sampler"], PluginSpec]] = [
         *((f"tools[{i}]", "tool", spec) for i, spec in enumerate(cfg.tools)),
         ("reward", "reward", cfg.reward),

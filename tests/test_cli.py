@@ -339,7 +339,7 @@ def test_eval_takes_sampling_from_the_config_unless_a_flag_says_otherwise(tmp_pa
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer: {max_new_tokens: many}\n")
     refused = CliRunner().invoke(main, ["eval", "--config", str(bad), "--dataset", str(data)])
-    assert refused.exit_code == 1 and "trainer.max_new_tokens must be an integer" in refused.output
+    assert refused.exit_code == 1 and "trainer.max_new_tokens: Input should be a valid integer" in refused.output
 
 
 @pytest.mark.parametrize("command", ["/quit", "/exit", "/QUIT"])

@@ -163,3 +163,56 @@ def test_every_bad_option_is_listed_one_per_line():
         "tools[0].options.max_output_chars",
         "sampler.options.mode",
     ]
+
+
+# -- the typed trainer section; the registry load_config checks against ------------------------------------------
+def test_the_trainer_section_is_typed_and_reads_as_what_the_config_set():
+    from rstar_env.config import TrainerSection, TrainerSettings
+
+    cfg = load_config(
+        {
+            "trainer": {
+                "backend": "openrlhf",
+                "temperature": "0.5",
+                "max_new_tokens_per_turn": 64,
+                "cluster": {"nodes": 2},
+            }
+        }
+    )
+    assert isinstance(cfg.trainer, TrainerSection) and isinstance(cfg.trainer, TrainerSettings)
+    assert cfg.trainer.temperature == 0.5  # typed: converted once, at load
+    # a backend's own keys pass unchanged, and the section reads as the mapping the config wrote
+    assert dict(cfg.trainer) == {
+        "backend": "openrlhf",
+        "temperature": 0.5,
+        "max_new_tokens_per_turn": 64,
+        "cluster": {"nodes": 2},
+    }
+    assert {**cfg.trainer}["cluster"] == {"nodes": 2} and cfg.trainer.get("stage") is None
+    assert cfg.trainer.sampling(temperature=None, top_p=None, max_new_tokens=None) == {
+        "temperature": 0.5,
+        "max_new_tokens": 64,
+    }
+    assert load_config(cfg.model_dump()).trainer == cfg.trainer  # a dump loads back the same section
+    with pytest.raises(ConfigError, match=r"trainer\.top_p: Input should be less than or equal to 1"):
+        load_config({"trainer": {"top_p": 1.5}})
+
+
+def test_both_trainers_extend_the_shared_trainer_settings():
+    from rstar_env.config import TrainerSettings
+    from rstar_trainers.hyperparams import RLHyperparameters
+    from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
+
+    assert issubclass(LocalTrainerConfig, TrainerSettings) and issubclass(LocalTrainerConfig, RLHyperparameters)
+    settings = trainer_config(load_config({"trainer": {"eval_max_new_tokens": 40, "max_new_tokens": 96}}))
+    assert (settings.eval_max_new_tokens, settings.max_new_tokens) == (40, 96)
+
+
+def test_load_config_checks_the_plugins_against_the_registry_it_is_given():
+    from rstar_env.plugins import PluginRegistry, get_registry
+
+    empty = PluginRegistry(load_entrypoints=False)
+    with pytest.raises(ConfigError, match="unknown tool 'python'; registered tools: none"):
+        load_config({}, registry=empty)
+    assert "python" in get_registry().plugins("tool")  # the process's registry was neither used nor changed
+    assert load_config({}, registry=get_registry()).tools[0].name == "python"

@@ -49,7 +49,7 @@ def chat(
     from rstar_env.env import MathToolEnv
     from rstar_env.format import extract_answer, printable
     from rstar_env.plugins import PluginError
-    from rstar_env.rollout.choose import build_policy, config_sampling, endpoint_specs
+    from rstar_env.rollout.choose import build_policy, endpoint_specs
     from rstar_env.rollout.collect import context_ids
     from rstar_env.rollout.policy import Request, SamplingParams
 
@@ -62,7 +62,7 @@ def chat(
     except (ConfigError, PluginError) as exc:
         fail(str(exc))
     sampling = SamplingParams(
-        temperature=temperature, **or_fail(config_sampling, cfg.trainer, max_new_tokens=max_new_tokens)
+        temperature=temperature, **cfg.trainer.sampling(max_new_tokens=max_new_tokens)
     )  # as trained
     specs = or_fail(endpoint_specs, cfg, endpoints, (), None)
     with out.status("loading the model...", spinner="dots"):

@@ -106,7 +106,7 @@ def eval_command(
     from rstar_env.data import DataError, load_dataset
     from rstar_env.plugins import PluginError
     from rstar_env.progress import RunProgress
-    from rstar_env.rollout.choose import build_policy, config_sampling, endpoint_specs
+    from rstar_env.rollout.choose import build_policy, endpoint_specs
     from rstar_env.rollout.evaluate import EvalResumeError, evaluate, model_identity
     from rstar_env.rollout.metrics import format_summary_rows
     from rstar_env.rollout.policy import SamplingParams
@@ -119,7 +119,7 @@ def eval_command(
         spec = cfg.dataset
         rows = load_dataset(spec.source, **spec.model_dump(exclude={"source", "limit"}), limit=limit or spec.limit)
         sampling = SamplingParams(
-            **config_sampling(cfg.trainer, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
+            **cfg.trainer.sampling(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
             seed=seed,
         )
     except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:

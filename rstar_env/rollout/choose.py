@@ -1,5 +1,6 @@
-"""What a command rolls out with: the engines (``--endpoint`` or the config's), the policy built on them (or on a
-local model), and the sampling settings (a command-line value, else the config's trainer section).
+"""What a command rolls out with: the engines (``--endpoint`` or the config's), and the policy built on them (or on a
+local model). The sampling settings come from the config's typed trainer section
+(:meth:`rstar_env.config.TrainerSection.sampling`).
 
 Interface-free: a problem is a :class:`PolicySetupError` (a ``ValueError``) whose message names the flag or key
 and the fix; the commands print it as their one-line error.
@@ -7,7 +8,7 @@ and the fix; the commands print it as their one-line error.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from rstar_env.config import EndpointSpec, RunConfig
@@ -82,34 +83,4 @@ def build_policy(
         raise PolicySetupError(str(exc)) from exc
 
 
-SAMPLING_KEYS: dict[str, tuple[str, ...]] = {
-    "temperature": ("eval_temperature", "temperature"),
-    "top_p": ("top_p",),
-    "max_new_tokens": ("eval_max_new_tokens", "max_new_tokens", "max_new_tokens_per_turn"),
-}
-"""Where a config's trainer section keeps each sampling setting, first found wins: the held-out (``eval_``) value,
-then the rollouts' (``max_new_tokens_per_turn`` is the OpenRLHF trainer's name)."""
-
-
-def config_sampling(trainer: Mapping[str, Any] | Any, **given: float | int | None) -> dict[str, Any]:
-    """The sampling settings: a value given on the command line, else the config's trainer section
-    (:data:`SAMPLING_KEYS`), else :class:`~rstar_env.rollout.policy.SamplingParams`' default (left out)."""
-    section = trainer if isinstance(trainer, Mapping) else trainer.model_dump()
-    chosen: dict[str, Any] = {}
-    for name, value in given.items():
-        if value is None:
-            key = next((k for k in SAMPLING_KEYS[name] if section.get(k) is not None), None)
-            if key is None:
-                continue
-            value = section[key]
-            integer = name == "max_new_tokens"
-            if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
-                raise PolicySetupError(
-                    f"trainer.{key} must be {'an integer' if integer else 'a number'}, got {value!r} (fix the "
-                    f"config, or pass --{name.replace('_', '-')})"
-                )
-        chosen[name] = value
-    return chosen
-
-
-__all__ = ["SAMPLING_KEYS", "PolicySetupError", "build_policy", "config_sampling", "endpoint_specs"]
+__all__ = ["PolicySetupError", "build_policy", "endpoint_specs"]

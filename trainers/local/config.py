@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from rstar_env.config import ConfigError, RunConfig, validation_error_message
+from rstar_env.config import ConfigError, RunConfig, TrainerSettings, validation_error_message
 from rstar_trainers.hyperparams import RLHyperparameters
 
 # Keys of the OpenRLHF SFT section that mean nothing on one machine: accepted (one schema for both backends), unused.
@@ -110,11 +110,12 @@ def sft_config(data: dict[str, Any], **overrides: Any) -> LocalSFTConfig:
         raise ConfigError(validation_error_message(exc, "invalid SFT trainer section:", prefix="trainer.")) from None
 
 
-class LocalTrainerConfig(RLHyperparameters):
+class LocalTrainerConfig(RLHyperparameters, TrainerSettings):
     """Single-machine GRPO-RoC. Each step rolls out ``group_size * oversample`` trajectories for each of
     ``prompts_per_step`` prompts, lets the sampler keep ``group_size`` of each group, and takes ``updates_per_step``
     optimizer steps on them. The RL hyperparameters are :class:`~rstar_trainers.hyperparams.RLHyperparameters`
-    (shared with the OpenRLHF trainer); the defaults of ``group_size`` and ``prompts_per_step`` fit a CPU."""
+    (shared with the OpenRLHF trainer), the keys every trainer section shares
+    :class:`~rstar_env.config.TrainerSettings`; the defaults of ``group_size`` and ``prompts_per_step`` fit a CPU."""
 
     model_config = ConfigDict(extra="forbid")
 

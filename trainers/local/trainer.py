@@ -206,7 +206,7 @@ class LocalTrainer:
             self.tokenizer,
             self.run,
             rows,
-            max_new_tokens=self.cfg.max_new_tokens,
+            max_new_tokens=self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,  # as `rstar-env eval` reads it
             max_response_tokens=self.cfg.max_response_tokens,
             temperature=self.cfg.temperature if self.cfg.eval_temperature is None else self.cfg.eval_temperature,
             seed=self.cfg.seed + 10_000,
