@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
@@ -33,3 +34,14 @@ def test_two_settings_of_the_local_pool_are_measured_in_one_run() -> None:
 def test_an_unknown_backend_in_a_spec_is_refused() -> None:
     result = CliRunner().invoke(command, ["--backend", "nowhere:x=1", "--calls", "1"])
     assert result.exit_code != 0 and "unknown backend" in result.output
+
+
+def test_the_page_cache_channel_reports_its_bits_per_second_with_the_probe_refused() -> None:
+    pytest.importorskip("pyseccomp")
+    args = ["--workload", "pagecache", "--backend", "local", "--no-baseline", "--rounds", "1", "--json"]
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)["channels"]
+    assert row["channel"] == "pagecache" and row["bits"] == 64 and 0 <= row["wrong"] <= 64, row
+    assert row["rwf_nowait"] == [errno.errorcode[errno.EOPNOTSUPP]], row  # the probe itself is refused
+    assert row["bits_per_s"] >= 0 and row["seconds"] > 0, row

@@ -27,6 +27,10 @@ Head-of-line scenarios (each backend at its *default* settings, median of ``--re
 * **vector**: one ``step`` of a 16-episode vector env whose every action calls the ``python`` tool with
   ``time.sleep(0.5)``: seconds for the step.
 
+Channel (only when asked for: ``--workload pagecache``): the bits per second one episode can still pass to a
+later one through the page cache of the files they share, by timing reads (``--rounds`` rounds of 64 bits; see
+:mod:`rstar_env.bench._sandbox_channels`).
+
 ``--soak N`` then runs N mixed calls on a fresh ``local`` pool and reports what leaked: processes below this
 one beyond the pool's own, file descriptors of this process, and the pool's memory (PSS of the zygote and its
 idle workers) before and after.
@@ -50,6 +54,11 @@ from typing import Any
 import click
 
 from rstar_env.sandbox import BACKENDS, ExecResult, Sandbox, create_sandbox
+
+from ._sandbox_channels import page_cache_channel
+
+CHANNELS = ("pagecache",)
+"""Channels between episodes that ``--workload`` can measure (bits per second), only when named."""
 
 BASELINE = "python -c"
 """The row every ratio is taken against: ``subprocess.run([sys.executable, "-c", code])``."""
@@ -503,6 +512,21 @@ def _print_tables(results: dict[str, Any]) -> None:
             runs = " ".join(f"{t:.2f}" for t in row["runs_s"])
             table.add_row(row["backend"], row["description"], f"{row['median_s']:.2f}", runs, str(row["ok"]))
         console.print(table)
+    if results.get("channels"):
+        table = Table(title="channels between episodes (local, default settings)")
+        for column in ("channel", "bits", "wrong", "seconds", "bits/s", "RWF_NOWAIT", "cold / cached read"):
+            table.add_column(column, justify="left" if column == "channel" else "right")
+        for row in results["channels"]:
+            table.add_row(
+                row["channel"],
+                str(row["bits"]),
+                str(row["wrong"]),
+                f"{row['seconds']:.2f}",
+                f"{row['bits_per_s']:.1f}",
+                ", ".join(row["rwf_nowait"]),
+                f"{row['cold_read_us']:.0f} / {row['cached_read_us']:.1f} us",
+            )
+        console.print(table)
     soaked = results.get("soak")
     if soaked:
         table = Table(title=f"soak: {soaked['calls']} calls on local at concurrency {soaked['concurrency']}")
@@ -544,11 +568,13 @@ def _print_tables(results: dict[str, Any]) -> None:
     "--workload",
     "workloads",
     multiple=True,
-    type=click.Choice([*WORKLOADS, *SCENARIOS]),
+    type=click.Choice([*WORKLOADS, *SCENARIOS, *CHANNELS]),
     default=(*WORKLOADS, *SCENARIOS),
     show_default=True,
-    help="Workloads (repeatable): latency/throughput cells, or head-of-line scenarios (sleep, mixed, ...).",
+    help="Workloads (repeatable): latency/throughput cells, head-of-line scenarios (sleep, mixed, ...), or the "
+    "page-cache channel between episodes (pagecache, only when named).",
 )
+@click.option("--rounds", default=8, show_default=True, help="Rounds of 64 bits for the pagecache channel.")
 @click.option(
     "--repeats", default=3, show_default=True, help="Runs per head-of-line scenario (median reported); 0 skips them."
 )
@@ -571,6 +597,7 @@ def command(
     as_json: bool,
     repeats: int,
     baseline: bool,
+    rounds: int,
 ) -> None:
     """Latency and throughput of the local sandbox pool against a fresh interpreter per call."""
     try:
@@ -592,6 +619,9 @@ def command(
             results = await run_bench(measured, cells, levels, calls, budget_s, progress)
         if scenarios and backends and repeats > 0:
             results["scenarios"] = await run_scenarios(list(backends), scenarios, repeats, progress)
+        if "pagecache" in workloads:
+            progress("local pagecache channel")
+            results["channels"] = [await page_cache_channel(rounds)]
         if soak_calls > 0:
             results["soak"] = await soak(soak_calls, 4 * (os.cpu_count() or 1), progress)
         return results
