@@ -97,7 +97,7 @@ class SandboxError(RuntimeError):
 
 BACKENDS: dict[str, str] = {
     "local": "rstar_env.sandbox.local:LocalSandbox",
-    "subprocess": "rstar_env.sandbox.subprocess:SubprocessSandbox",
+    "subprocess": "rstar_env.sandbox.plain:SubprocessSandbox",
     "e2b": "rstar_env.sandbox.e2b:E2BSandbox",
     "ray": "rstar_env.sandbox.ray:RaySandbox",
 }
