@@ -27,8 +27,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -60,7 +63,7 @@ JOB_TIMEOUT_S = 900  # a launch took 5-7 min on 2 cores at a load average of 6-1
 
 CLUSTER = r"""
 import sys, ray
-ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, configure_logging=False,
+ray.init(num_cpus=4, num_gpus=int(sys.argv[1]), include_dashboard=False, configure_logging=False,
          object_store_memory=512 * 1024 * 1024)
 print(ray.get_runtime_context().gcs_address, flush=True)
 sys.stdin.read()  # until the test closes our stdin
@@ -68,12 +71,12 @@ ray.shutdown()
 """
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """A real local Ray cluster with one (declared) GPU: OpenRLHF's actors and placement groups ask for GPUs."""
+def start_cluster(gpus: int = 1):
+    """A real local Ray cluster with ``gpus`` declared GPUs: OpenRLHF's actors and placement groups ask for GPUs
+    (one for the colocated actor and engine; the async trainer places its engines apart, so it needs two)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen(
-        [sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", CLUSTER, str(gpus)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
     address = proc.stdout.readline().strip()
     if not address:
@@ -88,6 +91,11 @@ def ray_cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    yield from start_cluster(gpus=1)
+
+
+@pytest.fixture(scope="module")
 def exported_model():
     """SmolLM2-135M as a Hugging Face directory (OpenRLHF and vLLM load it by path; vLLM reads no GGUF)."""
     # Reached only where the conftest did not skip the test (vLLM installed, or CI): a missing vLLM is a failure.
@@ -98,23 +106,41 @@ def exported_model():
     return export_model()  # ~/.cache/rstar-env/models/smollm2, written once per machine
 
 
-def write_config(tmp_path: Path, model: Path, *, num_episodes: int) -> Path:
+def write_config(
+    tmp_path: Path,
+    model: Path,
+    *,
+    num_episodes: int,
+    site: Path | None = None,
+    dataset: str | None = None,
+    name: str = "e2e",
+    **trainer_keys: object,
+) -> Path:
+    """The CPU config for this test's paths (``site``: a sitecustomize folder other than the stand-ins' own;
+    ``dataset`` and ``trainer_keys`` override the config's)."""
     run = yaml.safe_load(CONFIG.read_text())
+    if dataset is not None:
+        run["dataset"]["source"] = dataset
     trainer = run["trainer"]
+    trainer.update(trainer_keys)
     trainer["model"] = str(model)
     trainer["output_dir"] = str(tmp_path / "run")
     trainer["num_episodes"] = num_episodes
     env_vars = trainer["cluster"]["runtime_env"]["env_vars"]
-    env_vars["PYTHONPATH"] = os.pathsep.join([str(write_site_dir(tmp_path / "site")), str(REPO)])
+    site = site if site is not None else write_site_dir(tmp_path / "site")
+    env_vars["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
     env_vars[EVIDENCE_ENV] = str(tmp_path / "evidence")
     env_vars[SCRIPT_ENV] = str(tmp_path / "run" / "prompts.jsonl")  # the launcher's prompt file
-    path = tmp_path / f"e2e_{num_episodes}.yaml"
+    path = tmp_path / f"{name}_{num_episodes}.yaml"
     path.write_text(yaml.safe_dump(run, sort_keys=False))
     return path
 
 
-def launch(config: Path, address: str, log: Path) -> str:
-    """Run what ``rstar-env launch openrlhf`` submits, as Ray's job supervisor would; returns the job's output."""
+def launch(config: Path, address: str, log: Path, *, kill_when: Callable[[], bool] | None = None) -> str:
+    """Run what ``rstar-env launch openrlhf`` submits, as Ray's job supervisor would; returns the job's output.
+
+    ``kill_when``: polled every 2 s; when it returns True the job's driver is killed (SIGKILL to its process group,
+    a crash: Ray then ends the job's actors) and the output so far is returned."""
     cli = [
         sys.executable,
         "-m",
@@ -147,11 +173,24 @@ def launch(config: Path, address: str, log: Path) -> str:
         "PYTHONUNBUFFERED": "1",
     }
     with log.open("w") as out:
-        result = subprocess.run(
-            entrypoint, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=JOB_TIMEOUT_S, cwd=config.parent
+        job = subprocess.Popen(
+            entrypoint, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=config.parent, start_new_session=True
         )
+        try:
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while job.poll() is None and time.monotonic() < deadline:
+                if kill_when is not None and kill_when():
+                    os.killpg(job.pid, signal.SIGKILL)
+                    job.wait()
+                    time.sleep(10)  # Ray notices the dead driver and ends the job's actors and placement groups
+                    return log.read_text(errors="replace")
+                time.sleep(2)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
     text = log.read_text(errors="replace")
-    assert result.returncode == 0, f"the job failed ({result.returncode}):\n{text[-6000:]}"
+    assert job.returncode == 0, f"the job failed ({job.returncode}):\n{text[-6000:]}"
     return text
 
 

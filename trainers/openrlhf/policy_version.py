@@ -30,7 +30,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-logger = logging.getLogger(__name__)
+
+@functools.cache
+def _logger() -> logging.Logger:
+    """OpenRLHF's logger setup where it is installed (a Ray worker prints only what its handlers pass), else ours."""
+    try:
+        from openrlhf.utils.logging_utils import init_logger
+    except ImportError:
+        return logging.getLogger(__name__)
+    return init_logger(__name__)
+
 
 VERSION_MIN_KEY = "policy_version_min"
 VERSION_MAX_KEY = "policy_version_max"
@@ -118,7 +127,7 @@ def broadcast_and_tag(
     acks = get([engine.__ray_call__.remote(set_engine_version, version) for engine in engines])
     if any(ack != version for ack in acks):
         raise RuntimeError(f"engines acknowledged policy versions {acks} after broadcasting version {version}")
-    logger.info("weights of policy version %d synced to %d engine(s)", version, len(engines))
+    _logger().info("weights of policy version %d synced to %d engine(s)", version, len(engines))
     return acks
 
 

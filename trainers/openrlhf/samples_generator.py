@@ -337,12 +337,15 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
         for experience in samples:
             experience.info.update({f"{STATS_PREFIX}{k}": torch.tensor([v]) for k, v in values.items()})
         logger.info(
-            "policy versions of the batch: %g..%g; groups spanning versions %d of %d (%s)",
+            "policy versions of the batch: %g..%g; groups spanning versions: %d of %d, %d of them dropped (%s)",
             min(lows),
             max(highs),
             stats.mixed,
             stats.groups,
-            "kept: trainer.allow_mixed_version_groups" if self.settings.allow_mixed_version_groups else "dropped",
+            stats.dropped,
+            "trainer.allow_mixed_version_groups keeps them"
+            if self.settings.allow_mixed_version_groups
+            else "trainer.allow_mixed_version_groups: false drops them",
         )
 
     @torch.no_grad()
