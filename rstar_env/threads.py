@@ -61,7 +61,7 @@ def _busy_ticks(cores: list[int]) -> int:
 
 
 def _own_ticks() -> int:
-    from rstar_env.sandbox._proctree import descendants
+    from rstar_env.proctree import descendants
 
     me = os.getpid()
     total = 0

@@ -60,7 +60,7 @@ def tree_pss_bytes(root: int) -> int:
 
 def _tree_sum(root: int, measure: Callable[[int], int]) -> int:
     """``measure`` summed over ``root`` and its descendants; a process that is gone or unreadable counts 0."""
-    from rstar_env.sandbox._proctree import descendants
+    from rstar_env.proctree import descendants
 
     total = 0
     for pid in (root, *descendants(root)):

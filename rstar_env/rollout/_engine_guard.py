@@ -11,7 +11,9 @@ time: a pid may be reused) together with its descendants, and exits. It ignores 
 Ctrl-C or a group-wide SIGTERM must leave it alive to do its work.
 
 Linux only (``/proc``); elsewhere :class:`EngineGuard` does nothing. Run as a script by path (``python -I``), it
-imports no third-party package and not ``rstar_env``: the tree walk comes from ``rstar_env/sandbox/_proctree.py``.
+imports no third-party package and not ``rstar_env``: the tree walk comes from the file behind
+:mod:`rstar_env.proctree` (``rstar_env/sandbox/_proctree.py``), loaded by path; in this process, from
+:mod:`rstar_env.proctree`.
 """
 
 from __future__ import annotations
@@ -102,14 +104,14 @@ class EngineGuard:
         if self._proc is None:
             yield
             return
-        from rstar_env.sandbox import _proctree
+        from rstar_env import proctree
 
-        before = set(_proctree.children("self"))
+        before = set(proctree.children("self"))
         stop = threading.Event()
 
         def scan() -> None:
-            new = [p for p in _proctree.children("self") if p not in before and _is_engine_process(p)]
-            self.register([p for root in new for p in (root, *_proctree.descendants(root))])
+            new = [p for p in proctree.children("self") if p not in before and _is_engine_process(p)]
+            self.register([p for root in new for p in (root, *proctree.descendants(root))])
 
         def poll() -> None:
             while not stop.wait(every_s):
