@@ -153,7 +153,7 @@ if [[ -s $conflicts_seen ]]; then
 fi
 echo "setup: done ($("$PY" -c 'import rstar_env; print("rstar-env", rstar_env.__version__)') in $(dirname "$(dirname "$PY")"))"
 if [[ $dev -eq 1 ]]; then
-    echo "setup: run the tests with: $VENV/bin/python -m pytest        (the fast subset: -m 'not slow' -n 3 --dist worksteal)"
+    echo "setup: run the tests with: bash scripts/test.sh        (the fast subset, then the slow tests; arguments go to pytest)"
 else
     echo "setup: run the main job with: $VENV/bin/rstar-env train --config configs/quickstart.yaml"
 fi
