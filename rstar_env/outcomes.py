@@ -6,10 +6,16 @@ name               meaning                                                      
 ``ok``             ran to the end                                                  ``ExecResult.status``
 ``exception``      raised an exception                                             status, ``ToolResult.error``
 ``timeout``        stopped at the wall-clock limit                                 status, ``ToolResult.error``
-``crash``          the interpreter died (signal, memory, a dead sandbox)           status, ``ToolResult.error``
+``crash``          the interpreter died (a signal, its memory budget)              status, ``ToolResult.error``
 ``output_limit``   printed more than is kept, and was stopped                      status, ``ToolResult.error``
 ``bad_call``       the tool call itself was wrong (bad JSON, unknown tool, args)   ``ToolResult.error``
 =================  ==============================================================  ==========================
+
+**Failures of the system are none of these.** A call the sandbox failed, not the code (no room in the pool before
+its queue deadline, a pool that died under it, no worker in time), is an ``ExecResult`` with ``system_failure=True``
+(its status ``crash``, its message saying what failed). A tool raises :class:`rstar_env.tool.ToolUnavailable` for
+it, never returns it as a ``ToolResult``: the episode ends ``env_error`` (one of
+:data:`rstar_env.trajectory.SYSTEM_FAILURES`), unscored, and the model never reads it nor is charged a tool error.
 
 Each name is spelled once, in the ``Literal`` types below; every list of them (the sandbox's statuses, the tool
 error kinds, a trainer's metric keys) is derived from these with :func:`typing.get_args` or imports them. The values
