@@ -265,3 +265,44 @@ def test_saving_a_model_draws_no_library_bar(tmp_path, capfd, tiny_llama):
     assert (path / "config.json").exists() and (path / "model.safetensors").exists()
     assert "Writing model shards" not in captured.err + captured.out, captured.err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_what_an_engine_process_prints_goes_to_the_run_log_not_the_terminal(tmp_path, capfd):
+    """vLLM's engine processes inherit this process's stdout and stderr as they start: _output_to points them at
+    the run's log for that time only."""
+    import subprocess
+    import sys
+
+    from rstar_env.rollout.vllm import _output_to
+
+    log = tmp_path / "run" / "engine.log"
+    with _output_to(log):
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; print('Loading safetensors checkpoint shards'); "
+                "print('WARNING RotaryEmbedding: Failed to load weights', file=sys.stderr)",
+            ],
+            check=True,
+        )
+    print("after the block")
+    out, err = capfd.readouterr()
+    assert "Loading safetensors" not in out + err and "RotaryEmbedding" not in out + err
+    assert "after the block" in out  # the terminal is back
+    text = log.read_text()
+    assert "Loading safetensors checkpoint shards" in text and "Failed to load weights" in text
+
+
+def test_the_weight_sync_line_states_our_own_check():
+    from rstar_trainers.local.progress import sync_line, sync_ok
+
+    assert sync_ok(0.03, 2e-6) and sync_ok(1e-5, 1e-5)  # took; or nothing changed and it matches anyway
+    assert not sync_ok(0.03, 0.03)  # the engine kept the old weights
+    assert sync_line([]) is None
+    assert sync_line([(0.03, 2e-6), (0.02, 4e-6)]) == (
+        "weight sync: 2 checked, the vLLM engine runs the trained weights (probe log-probs within 4e-06 of the "
+        "trained model's)"
+    )
+    assert sync_line([(0.03, 2e-6), (0.03, 0.03)]).startswith("weight sync: 1 of 2 did not take")
+    assert sync_ok(0.2, 0.01, "bfloat16") and not sync_ok(0.2, 0.1, "bfloat16")

@@ -36,7 +36,7 @@ from rstar_env.rollout.models import (  # noqa: F401  (loading lived here: its n
     resolve_model,
     without_library_bars,
 )
-from rstar_env.rollout.policy import Generation, Request, SamplingParams
+from rstar_env.rollout.policy import Generation, Request, SamplingParams, end_of_turn_ids
 
 
 @dataclass
@@ -99,7 +99,9 @@ class TransformersPolicy:
         self.batch_size = batch_size
         self.device = device
         self.stop_on_tool_call = stop_on_tool_call
-        self.eos_ids = _eos_ids(self.tokenizer, self.model)
+        self.eos_ids = end_of_turn_ids(
+            self.tokenizer, getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        )
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         # Seeds the streams of requests that carry no seed of their own (a CPU generator, like the rows').
         self._generator = self.torch.Generator()
@@ -117,6 +119,14 @@ class TransformersPolicy:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens_generated / self.seconds_generating if self.seconds_generating else 0.0
+
+    def rng_state(self) -> Any:
+        """The state of the policy's own sampling stream (the seeds of requests that carry none), for a checkpoint."""
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        """Resume the policy's own sampling stream from :meth:`rng_state`."""
+        self._generator.set_state(state)
 
     async def generate(self, requests: Sequence[Request]) -> list[Generation]:
         """Queue ``requests`` for the micro-batcher and wait for their generations (see the class doc)."""
@@ -385,16 +395,3 @@ def autocast(dtype: str, device: str) -> Any:
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, dtype))
-
-
-def _eos_ids(tokenizer: Any, model: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(configured)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(end, int) and end != tokenizer.unk_token_id:
-        ids.add(end)
-    return {i for i in ids if i is not None}

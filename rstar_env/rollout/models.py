@@ -85,6 +85,7 @@ def without_library_bars() -> Iterator[None]:
     """
     from transformers.utils import logging as hf_logging
 
+    _quiet_deepspeed_probe()
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -101,6 +102,19 @@ def without_library_bars() -> Iterator[None]:
             gguf_utils.tqdm = bar
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+def _drop_accelerator_guess(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Setting accelerator to CPU")
+
+
+def _quiet_deepspeed_probe() -> None:
+    """transformers imports DeepSpeed (when installed) as it saves a model, and DeepSpeed then warns on a machine
+    without a GPU that it is "Setting accelerator to CPU": true, expected here, and not a user's concern. That one
+    message is dropped from DeepSpeed's logger; its other warnings stay."""
+    deepspeed = logging.getLogger("DeepSpeed")
+    if _drop_accelerator_guess not in deepspeed.filters:
+        deepspeed.addFilter(_drop_accelerator_guess)
 
 
 _cache: dict[tuple[str, str | None, str, str], tuple[Any, Any]] = {}

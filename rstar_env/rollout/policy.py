@@ -9,9 +9,9 @@ text only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from rstar_env.trajectory import Trajectory
 
@@ -83,3 +83,18 @@ class Policy(Protocol):
     async def aclose(self) -> None:
         """Release connections, worker threads, ..."""
         ...
+
+
+def end_of_turn_ids(tokenizer: Any, configured: int | Iterable[int] | None = None) -> set[int]:
+    """The ids that end an assistant turn: the tokenizer's EOS, the model's configured ``eos_token_id`` (an id or a
+    list, from its generation config) and ``<|im_end|>`` when the vocabulary has it. One definition for every
+    engine, so they stop on the same tokens."""
+    ids = {tokenizer.eos_token_id}
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(end, int) and end != tokenizer.unk_token_id:
+        ids.add(end)
+    return {i for i in ids if i is not None}

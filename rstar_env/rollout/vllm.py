@@ -38,13 +38,13 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rstar_env.format import TOOL_CALL_CLOSE
 from rstar_env.rollout._engine_guard import EngineGuard
-from rstar_env.rollout.policy import FinishReason, Generation, Request, SamplingParams
+from rstar_env.rollout.policy import FinishReason, Generation, Request, SamplingParams, end_of_turn_ids
 
 T = TypeVar("T")
 
@@ -111,6 +111,8 @@ class VLLMPolicy:
         dtype: the engine's dtype (``float32`` on a CPU by default; ``bfloat16`` / ``float16`` on GPUs).
         max_model_len: the longest context + generation one request may have (default: the model's).
         enforce_eager: no CUDA graphs / compilation (faster start; the CPU default).
+        log_file: where vLLM's own output goes (its log lines, warnings and anything its engine processes print),
+            instead of this process's terminal; ``None`` leaves it there. A trainer passes its run's log file.
         engine_args: more ``AsyncEngineArgs`` fields (``gpu_memory_utilization``, ``max_num_seqs``, ...). On a
             CPU the KV cache is ``kv_cache_memory_bytes`` (default: ``$RSTAR_VLLM_CPU_KV_GIB`` GiB, else 1 GiB or
             what one request of the model's full length needs, whichever is more: :func:`cpu_kv_cache_bytes`).
@@ -125,9 +127,12 @@ class VLLMPolicy:
         dtype: str = "float32",
         max_model_len: int | None = None,
         enforce_eager: bool = True,
+        log_file: str | os.PathLike[str] | None = None,
         **engine_args: Any,
     ) -> None:
-        _import_vllm()  # fails early, naming the install command
+        self.log_file = Path(log_file) if log_file is not None else None
+        with _output_to(self.log_file):  # what vLLM prints as it is imported
+            _import_vllm()  # fails early, naming the install command
         from transformers import AutoTokenizer
 
         self.folder = model_folder(model)
@@ -159,6 +164,7 @@ class VLLMPolicy:
             enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            use_tqdm_on_load=False,  # a bar per weight load (every sync) says nothing a user needs
         )
         if max_model_len is not None:
             args["max_model_len"] = max_model_len
@@ -175,13 +181,17 @@ class VLLMPolicy:
         # vLLM's engine processes outlive a killed parent (they ignore SIGTERM and hold the model's memory): a
         # guardian process kills them when this process ends in any way, SIGKILL included.
         self._guard = EngineGuard()
+        self._log_stream: Any = None
         try:
-            with self._guard.watch_children():
+            # The engine's processes inherit this process's stdout and stderr as they start: pointed at the log.
+            with self._guard.watch_children(), _output_to(self.log_file):
                 self.engine = self._run(self._start(args))
         except BaseException:
             self._stop_loop()
             self._guard.close()
             raise
+        if self.log_file is not None:  # and vLLM's logger in this process
+            self._log_stream = _vllm_logs_to(self.log_file.open("a", encoding="utf-8"))
         self.max_model_len: int = int(self.engine.model_config.max_model_len)
 
     @staticmethod
@@ -197,6 +207,14 @@ class VLLMPolicy:
     def tokens_per_second(self) -> float:
         """Generated tokens per second of wall time with at least one request in flight."""
         return self.tokens_generated / self.seconds_generating if self.seconds_generating else 0.0
+
+    def rng_state(self) -> Any:
+        """The state of the policy's own sampling stream (the seeds of requests that carry none), for a checkpoint."""
+        return self._generator.get_state()
+
+    def set_rng_state(self, state: Any) -> None:
+        """Resume the policy's own sampling stream from :meth:`rng_state`."""
+        self._generator.set_state(state)
 
     async def generate(self, requests: Sequence[Request]) -> list[Generation]:
         """One generation per request, each its own engine request (sent at once; vLLM batches them)."""
@@ -240,6 +258,25 @@ class VLLMPolicy:
             await self.engine.reset_prefix_cache()
 
         self._run(reload())
+
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """The engine's log-prob of each token of ``token_ids`` after the ones before it (``len - 1`` values): what
+        its current weights say of a fixed text, to check them against the trainer's (a weight sync's check)."""
+        from vllm import SamplingParams as VParams
+        from vllm.inputs import TokensPrompt
+
+        ids = list(token_ids)
+        params = VParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+
+        async def score() -> Any:
+            final = None
+            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, uuid.uuid4().hex):
+                final = output
+            return final
+
+        final = self._run(score())
+        steps = (final.prompt_logprobs or [])[1:] if final is not None else []
+        return [float(step[t].logprob) for step, t in zip(steps, ids[1:], strict=True)]
 
     def _with_untied_head(self, path: Path) -> Path:
         """``path``, or for a model with tied input and output embeddings a staging folder of links to its files
@@ -303,6 +340,9 @@ class VLLMPolicy:
             del engine  # its __del__ (a second shutdown) runs now, not at interpreter exit when imports fail
             self._stop_loop()
             self._guard.close()  # kills whatever the shutdown left of the engine's processes
+            if self._log_stream is not None:
+                _vllm_logs_to(None)
+                self._log_stream.close()
 
     # -- internals -------------------------------------------------------------------------------------------------
     def _own_seed(self) -> int:
@@ -460,18 +500,60 @@ def _finish(completion: Any) -> FinishReason:
 
 
 def _eos_ids(tokenizer: Any, folder: Path) -> set[int]:
-    """End-of-turn ids: the tokenizer's EOS, the generation config's, and ``<|im_end|>`` (as TransformersPolicy)."""
+    """End-of-turn ids (:func:`~rstar_env.rollout.policy.end_of_turn_ids`), the configured ones read from the
+    folder's ``generation_config.json``."""
     import json
 
-    ids = {tokenizer.eos_token_id}
     config = folder / "generation_config.json"
-    if config.is_file():
-        configured = json.loads(config.read_text()).get("eos_token_id")
-        if isinstance(configured, int):
-            ids.add(configured)
-        elif configured:
-            ids.update(configured)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(end, int) and end != tokenizer.unk_token_id:
-        ids.add(end)
-    return {i for i in ids if i is not None}
+    configured = json.loads(config.read_text()).get("eos_token_id") if config.is_file() else None
+    return end_of_turn_ids(tokenizer, configured)
+
+
+@contextlib.contextmanager
+def _output_to(path: Path | None) -> Iterator[None]:
+    """File descriptors 1 and 2 pointed at ``path`` (appended) while the block runs, so what is printed there and
+    what processes started there print (vLLM's engine core and workers inherit them) goes to the file; ``None``:
+    unchanged. This process's own writes in the block go there too (it only waits for the engine meanwhile)."""
+    if path is None:
+        yield
+        return
+    import sys
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = (os.dup(1), os.dup(2))
+    try:
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log):
+            os.close(fd)
+
+
+_VLLM_STREAMS: dict[int, Any] = {}
+"""vLLM's logger's handlers pointed elsewhere, by id, with the stream each had."""
+
+
+def _vllm_logs_to(stream: Any) -> Any:
+    """Point the stream handlers of vLLM's logger (``vllm``, which does not propagate) at ``stream``; ``None``
+    gives them back their own. Returns ``stream``."""
+    import logging
+
+    for handler in logging.getLogger("vllm").handlers:
+        if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
+            continue
+        if stream is None:
+            if id(handler) in _VLLM_STREAMS:
+                handler.setStream(_VLLM_STREAMS.pop(id(handler)))
+        else:
+            previous = handler.setStream(stream)
+            _VLLM_STREAMS.setdefault(id(handler), previous)
+    return stream

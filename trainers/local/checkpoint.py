@@ -152,3 +152,56 @@ def refuse_finished_run(out: Path, checkpoints: Path) -> None:
             "were removed (trainer.keep_checkpoints: none), so it cannot be continued. Pass --fresh to train it "
             "again, or set another trainer.output_dir."
         )
+
+
+class Checkpointed:
+    """Save and resume, written once for the local trainers (SFT and RL): the model, the optimizer, the step, the
+    data cursor and the global RNGs in ``output_dir/checkpoints``, plus what a trainer adds in :meth:`extra_state`
+    and takes back in :meth:`restore_extra_state` (a scheduler, the sampler's and the policy's streams). A resumed
+    run's metrics (and other logs, :meth:`truncate_logs`) lose the steps after the checkpoint."""
+
+    out: Path
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    step: int
+    cursor: Any
+    cfg: Any
+    logger: Any
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    def extra_state(self) -> dict[str, Any]:
+        """What this trainer checkpoints besides the common state."""
+        return {}
+
+    def restore_extra_state(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`extra_state` saved."""
+
+    def truncate_logs(self) -> None:
+        """Drop what the logs hold of steps after the one resumed from."""
+        self.logger.truncate_after(self.step)
+
+    def save(self) -> Path:
+        """Write a checkpoint of everything a resumed run needs; keep the newest ``keep_checkpoints``."""
+        state = training_state(self.model, self.optimizer, self.step, self.cursor)
+        return write_checkpoint(
+            self.checkpoint_dir, self.step, {**state, **self.extra_state()}, self.cfg.keep_checkpoints
+        )
+
+    def resume(self) -> bool:
+        """Load the latest checkpoint under ``output_dir``, if any."""
+        state = read_checkpoint(self.checkpoint_dir)
+        if state is None:
+            refuse_finished_run(self.out, self.checkpoint_dir)
+            return False
+        self.step, cursor = restore_training_state(state, self.model, self.optimizer)
+        self.cursor = type(self.cursor)(*cursor)
+        self.restore_extra_state(state)
+        self.truncate_logs()
+        return True
+
+    def save_model(self) -> Path:
+        return save_pretrained(self.model, self.tokenizer, self.out)

@@ -232,8 +232,12 @@ def _rl_stage(run: Any, settings: Any, max_steps: int | None, started: float, sf
         held_out_line,
         peak_memory_gib,
         summary_lines,
+        sync_line,
+        sync_ok,
     )
     from rstar_trainers.local.trainer import LocalTrainer
+
+    syncs: list[tuple[float, float]] = []
 
     def held_out(name: str, report: dict[str, float]) -> None:
         progress.print(held_out_line("held-out before RL" if name == "eval_start" else "held-out after RL", report))
@@ -245,10 +249,19 @@ def _rl_stage(run: Any, settings: Any, max_steps: int | None, started: float, sf
             fail(str(exc))
         if trainer.step:
             progress.print(f"resuming {settings.output_dir} at step {trainer.step}")
+        table = StepTable(progress, RL_COLUMNS, legend=RL_LEGEND)
+
+        def on_step(metrics: dict[str, Any]) -> None:
+            table.add(metrics)
+            if "sync/probe_gap_after" in metrics:  # the first check, and any that fails, get a line of their own
+                syncs.append((metrics["sync/probe_gap_before"], metrics["sync/probe_gap_after"]))
+                if len(syncs) == 1 or not sync_ok(*syncs[-1], settings.dtype):
+                    progress.print(sync_line(syncs[-1:], settings.dtype) or "")
+
         try:
             trainer.train(
                 max_steps=max_steps,
-                on_step=StepTable(progress, RL_COLUMNS, legend=RL_LEGEND).add,
+                on_step=on_step,
                 on_eval=held_out,
                 on_progress=progress.update,
             )
@@ -273,6 +286,9 @@ def _rl_stage(run: Any, settings: Any, max_steps: int | None, started: float, sf
         sft_model=sft_model,
     ):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+    summary = sync_line(syncs, settings.dtype)
+    if summary is not None:
+        console.print(summary, markup=False, highlight=False, soft_wrap=True)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -55,6 +55,31 @@ COMPARE_COLUMNS: Sequence[Column] = (
 RL_LEGEND = "tool err per call: failed tool calls / tool calls; 'correct': in trajectories that scored only"
 
 
+# -- the weight sync's check -----------------------------------------------------------------------------------------
+def sync_ok(before: float, after: float, dtype: str = "float32") -> bool:
+    """Whether a weight sync took: after it the engine's log-probs of the probe are within the numerics of the two
+    engines of the trainer's (1e-3 in float32, 5e-2 in half precision), or ten times closer than before it."""
+    tolerance = 1e-3 if dtype == "float32" else 5e-2
+    return after <= max(tolerance, before / 10)
+
+
+def sync_line(checks: Sequence[tuple[float, float]], dtype: str = "float32") -> str | None:
+    """One line on the vLLM engine's weight syncs so far: how many, whether each took (``None`` without any)."""
+    if not checks:
+        return None
+    failed = [i for i, (before, after) in enumerate(checks) if not sync_ok(before, after, dtype)]
+    worst = max(after for _, after in checks)
+    if failed:
+        return (
+            f"weight sync: {len(failed)} of {len(checks)} did not take: the vLLM engine's log-probs of a probe text "
+            f"stayed {worst:.1e} from the trained model's (see engine.log in the run directory)"
+        )
+    return (
+        f"weight sync: {len(checks)} checked, the vLLM engine runs the trained weights (probe log-probs within "
+        f"{worst:.0e} of the trained model's)"
+    )
+
+
 # -- the end summary ----------------------------------------------------------------------------------------------
 HELD_OUT_KEYS = ("pass@1", "tool_call_share", "answer_format_share", "tool_calls_per_trajectory", "tool_error_ratio")
 
@@ -154,6 +179,8 @@ __all__ = [
     "paired_gain",
     "peak_memory_gib",
     "summary_lines",
+    "sync_line",
+    "sync_ok",
     "table_header",
     "table_row",
 ]

@@ -30,15 +30,10 @@ from rstar_env.config import RunConfig
 from rstar_env.data import DataError, load_dataset
 from rstar_env.rollout.sft_data import SFTTokens, generate_tool_sft, parse_tool_sft_spec, sft_tokens
 from rstar_trainers.local.checkpoint import (
+    Checkpointed,
     peak_rss_gib,
-    read_checkpoint,
-    refuse_finished_run,
     release_memory,
     remove_checkpoints,
-    restore_training_state,
-    save_pretrained,
-    training_state,
-    write_checkpoint,
 )
 from rstar_trainers.local.config import LocalSFTConfig
 from rstar_trainers.local.heldout import evaluate_model, record_held_out
@@ -68,7 +63,7 @@ def masked_token_loss(model: Any, ids: torch.Tensor, attention: torch.Tensor, ma
     return -logp.sum()
 
 
-class SFTTrainer:
+class SFTTrainer(Checkpointed):
     """Local SFT. Build it from the run config and its SFT section, then :meth:`train`."""
 
     def __init__(
@@ -251,36 +246,14 @@ class SFTTrainer:
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
     @property
-    def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
-
-    @property
     def finished(self) -> bool:
         return self.step >= self.total_steps
 
-    def save(self) -> Path:
-        state = training_state(self.model, self.optimizer, self.step, self.cursor)
-        return write_checkpoint(
-            self.checkpoint_dir,
-            self.step,
-            {**state, "scheduler": self.scheduler.state_dict()},
-            self.cfg.keep_checkpoints,
-        )
+    def extra_state(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict()}
 
-    def resume(self) -> bool:
-        """Load the latest checkpoint under ``output_dir``, if any."""
-        state = read_checkpoint(self.checkpoint_dir)
-        if state is None:
-            refuse_finished_run(self.out, self.checkpoint_dir)
-            return False
-        self.step, cursor = restore_training_state(state, self.model, self.optimizer)
-        self.cursor = DataCursor(*cursor)
+    def restore_extra_state(self, state: dict[str, Any]) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
-        self.logger.truncate_after(self.step)
-        return True
-
-    def save_model(self) -> Path:
-        return save_pretrained(self.model, self.tokenizer, self.out)
 
     def close(self) -> None:
         self.logger.close()

@@ -38,22 +38,17 @@ from rstar_env.data import load_dataset
 from rstar_env.plugins import load_sampler
 from rstar_env.rollout.collect import jobs_for, trajectory_tokens
 from rstar_env.rollout.dispatch import DispatchPolicy, EngineSpec, engine_stats_metrics
-from rstar_env.rollout.local import TransformersPolicy, autocast, check_dtype, load_model
+from rstar_env.rollout.local import TransformersPolicy, autocast, check_dtype, load_model, without_library_bars
 from rstar_env.rollout.metrics import summarize
 from rstar_env.rollout.policy import SamplingParams
 from rstar_env.sampler import checked_select
 from rstar_env.trajectory import Trajectory
 from rstar_env.vector import MathToolVectorEnv
 from rstar_trainers.local.checkpoint import (
+    Checkpointed,
     peak_rss_gib,
-    read_checkpoint,
-    refuse_finished_run,
     release_memory,
     remove_checkpoints,
-    restore_training_state,
-    save_pretrained,
-    training_state,
-    write_checkpoint,
 )
 from rstar_trainers.local.config import LocalTrainerConfig, trainer_config
 from rstar_trainers.local.heldout import collect_reporting, evaluate_model, record_held_out
@@ -91,7 +86,7 @@ class DataCursor:
         return out
 
 
-class LocalTrainer:
+class LocalTrainer(Checkpointed):
     """GRPO-RoC on one machine. Build it from a run config, then :meth:`train`."""
 
     def __init__(
@@ -235,15 +230,20 @@ class LocalTrainer:
         if note:
             print(note, flush=True)
         self._rollout_step = 0  # the weights it starts from (a resumed run's step differs: synced then)
+        self.sync_check: dict[str, float] = {}
+        """The last weight sync's check (``sync/probe_gap_before``, ``sync/probe_gap_after``), reported with the
+        step that follows it."""
         self.separate_rollout_engine = chosen == "vllm"
         """Whether rollouts come from a separate copy of the weights (vLLM: its own kernels and numerics) rather
         than the trained model itself: :meth:`update` then takes the old policy from a teacher-forced pass and logs
         the engine's log-prob mismatch."""
         if chosen == "vllm":
             folder = self.out / "rollout_weights"
-            self.model.save_pretrained(folder)
-            self.tokenizer.save_pretrained(folder)
-            return VLLMPolicy(folder, sampling=sampling, dtype=self.cfg.dtype)
+            with without_library_bars():
+                self.model.save_pretrained(folder)
+                self.tokenizer.save_pretrained(folder)
+            # vLLM's own output (its log, warnings, per-load bars) goes to the run's engine log, not the terminal.
+            return VLLMPolicy(folder, sampling=sampling, dtype=self.cfg.dtype, log_file=self.out / "engine.log")
         return TransformersPolicy(
             self.model,
             tokenizer=self.tokenizer,
@@ -259,9 +259,35 @@ class LocalTrainer:
         if self._rollout_step == self.step or not self.separate_rollout_engine:
             return
         folder = self.out / "rollout_weights"
-        self.model.save_pretrained(folder)
+        with without_library_bars():
+            self.model.save_pretrained(folder)
+        probe = self._sync_probe()
+        before = self._probe_gap(probe)
         self.policy.update_weights(folder)
+        after = self._probe_gap(probe)
         self._rollout_step = self.step
+        # Our own check that the engine now runs the trained weights: its log-probs of a fixed text, against the
+        # trained model's, before and after the load (vLLM's reload logs warnings that do not mean it failed).
+        self.sync_check = {"sync/probe_gap_before": before, "sync/probe_gap_after": after}
+
+    def _sync_probe(self) -> list[int]:
+        text = "Solve 12 * 7. The python tool prints 84, so the answer is <answer>\\boxed{84}</answer>."
+        return list(self.tokenizer(text)["input_ids"])
+
+    def _probe_gap(self, probe: list[int]) -> float:
+        """The largest difference between the rollout engine's and the trained model's log-prob of a token of
+        ``probe``."""
+        engine = torch.tensor(self.policy.prompt_logprobs(probe))
+        ids = torch.tensor([probe], device=self.cfg.device)
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), autocast(self.cfg.dtype, self.cfg.device):
+                logits = self.model(ids).logits[0, :-1].float()
+        finally:
+            self.model.train(training)
+        mine = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0].cpu()
+        return float((engine - mine).abs().max())
 
     def train_step(self) -> dict[str, Any]:
         self._sync_rollout_weights()
@@ -317,7 +343,9 @@ class LocalTrainer:
             "mem/peak_rss_gib": peak_rss_gib(),
             "data/epoch": self.cursor.epoch,
             **engine_stats_metrics(_step_stats(engines_before, self.rollout_policy.stats())),
+            **self.sync_check,
         }
+        self.sync_check = {}
         self.logger.log(metrics, self.step)
         return metrics
 
@@ -498,41 +526,17 @@ class LocalTrainer:
                 record["metadata"] = {**record["metadata"], "step": self.step}
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    # -- checkpoints -------------------------------------------------------------------------------------------------
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
+    # -- checkpoints (save, resume: :class:`~rstar_trainers.local.checkpoint.Checkpointed`) ------------------------
+    def extra_state(self) -> dict[str, Any]:
+        return {"sampler_rng": self.sampler_rng.bit_generator.state, "policy_rng": self.policy.rng_state()}
 
-    def save(self) -> Path:
-        """Write a checkpoint of everything a resumed run needs; keep the newest ``keep_checkpoints``."""
-        state = training_state(self.model, self.optimizer, self.step, self.cursor)
-        return write_checkpoint(
-            self.checkpoint_dir,
-            self.step,
-            {
-                **state,
-                "sampler_rng": self.sampler_rng.bit_generator.state,
-                "policy_rng": self.policy._generator.get_state(),
-            },
-            self.cfg.keep_checkpoints,
-        )
-
-    def resume(self) -> bool:
-        """Load the latest checkpoint under ``output_dir``, if any."""
-        state = read_checkpoint(self.checkpoint_dir)
-        if state is None:
-            refuse_finished_run(self.out, self.checkpoint_dir)
-            return False
-        self.step, cursor = restore_training_state(state, self.model, self.optimizer)
-        self.cursor = DataCursor(*cursor)
+    def restore_extra_state(self, state: dict[str, Any]) -> None:
         self.sampler_rng.bit_generator.state = state["sampler_rng"]
-        self.policy._generator.set_state(state["policy_rng"])
-        self.logger.truncate_after(self.step)
-        truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
-        return True
+        self.policy.set_rng_state(state["policy_rng"])
 
-    def save_model(self) -> Path:
-        return save_pretrained(self.model, self.tokenizer, self.out)
+    def truncate_logs(self) -> None:
+        super().truncate_logs()
+        truncate_jsonl(self.out / "trajectories.jsonl", lambda row: row["metadata"].get("step", 0) <= self.step)
 
     def close(self) -> None:
         self.env.close()
