@@ -10,6 +10,10 @@ probe, then times a one-byte read of each page and calls it 1 when the read was 
 pages it drops and reads itself (cold) and reads again (cached). Both turn readahead off (``FADV_RANDOM``) so that
 one page's read does not bring in the next.
 
+A second receiver, ``pagemap``, times nothing: it reads one *anchor* page of each aligned group of 16 (which the
+sender leaves alone), maps the file and touches the anchor; the kernel's fault-around then maps the group's other
+pages that are cached, and the receiver's own ``/proc/self/pagemap`` shows which were mapped.
+
 The figure: the channel's capacity, ``bits x (1 - H(error rate)) / seconds`` (a binary symmetric channel), over
 the wall time of both calls of every round, as the caller sees them.
 """
@@ -72,6 +76,32 @@ print(json.dumps({{
 """
 
 
+RECEIVE_PAGEMAP = """
+import json, mmap, os, struct
+fd = os.open({path!r}, os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+pages, anchors = {pages!r}, {anchors!r}
+size = (max(pages) + 1) * {page_size}
+for anchor in anchors:
+    os.pread(fd, 1, anchor * {page_size})
+view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+for anchor in anchors:
+    view[anchor * {page_size}]  # a read fault: fault-around maps the cached pages beside it
+def span(line):
+    low, high = (int(x, 16) for x in line.split()[0].split("-"))
+    return low, high - low
+with open("/proc/self/maps") as maps:
+    start = next(span(line)[0] for line in maps if line.rstrip().endswith({path!r}) and span(line)[1] == size)
+with open("/proc/self/pagemap", "rb") as f:
+    f.seek(start // {page_size} * 8)
+    present = struct.unpack(f"{{size // {page_size}}}Q", f.read(size // {page_size} * 8))
+bits = [int(present[page] >> 63) for page in pages]
+print(json.dumps({{"nowait": "not tried", "bits": bits, "cold_us": 0, "hot_us": 0}}))
+"""
+GROUP = 16
+"""Pages per fault-around window (``fault_around_bytes``, 64 KiB by default)."""
+
+
 def shared_file() -> str:
     """The largest file of the standard library's folder: present in every worker's view, read by no import."""
     stdlib = os.path.dirname(os.__file__)
@@ -90,11 +120,16 @@ def _entropy(p: float) -> float:
     return 0.0 if p in (0.0, 1.0) else -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
 
 
-async def page_cache_channel(rounds: int, seed: int = 0) -> dict[str, Any]:
-    """``rounds`` rounds of :data:`BITS` bits from a sender call to a later receiver call on a fresh ``local``
-    pool (default settings); the capacity left, in bits per second."""
+async def page_cache_channel(rounds: int, seed: int = 0, receiver: str = "timing") -> dict[str, Any]:
+    """``rounds`` rounds of :data:`BITS` bits from a sender call to a later receiver call (``timing`` or
+    ``pagemap``) on a fresh ``local`` pool (default settings); the capacity left, in bits per second."""
     path = shared_file()
-    pages = list(range(FIRST_PAGE, FIRST_PAGE + BITS))
+    if receiver == "pagemap":
+        first = -(-FIRST_PAGE // GROUP) * GROUP
+        anchors = list(range(first, first + GROUP * (-(-BITS // (GROUP - 1))), GROUP))
+        pages = [page for anchor in anchors for page in range(anchor + 1, anchor + GROUP)][:BITS]
+    else:
+        anchors, pages = [], list(range(FIRST_PAGE, FIRST_PAGE + BITS))
     calibration = list(range(FIRST_PAGE + BITS, FIRST_PAGE + BITS + CALIBRATION_PAGES))
     rng = random.Random(seed)
     right = wrong = 0
@@ -108,7 +143,11 @@ async def page_cache_channel(rounds: int, seed: int = 0) -> dict[str, Any]:
             bits = [rng.randint(0, 1) for _ in pages]
             start = time.perf_counter()
             sent = await box.execute(SEND.format(path=path, pages=pages, bits=bits, page_size=PAGE))
-            got = await box.execute(RECEIVE.format(path=path, pages=pages, calibration=calibration, page_size=PAGE))
+            if receiver == "pagemap":
+                probe = RECEIVE_PAGEMAP.format(path=path, pages=pages, anchors=anchors, page_size=PAGE)
+            else:
+                probe = RECEIVE.format(path=path, pages=pages, calibration=calibration, page_size=PAGE)
+            got = await box.execute(probe)
             elapsed += time.perf_counter() - start
             if not (sent.ok and got.ok):
                 raise RuntimeError(f"a channel call failed: {sent!r} {got!r}")
@@ -123,7 +162,7 @@ async def page_cache_channel(rounds: int, seed: int = 0) -> dict[str, Any]:
     error_rate = wrong / total
     capacity = total * (1 - _entropy(error_rate)) / elapsed
     return {
-        "channel": "pagecache",
+        "channel": "pagecache" if receiver == "timing" else "pagecache (pagemap)",
         "file": path,
         "rounds": rounds,
         "bits": total,

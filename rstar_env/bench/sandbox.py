@@ -28,8 +28,8 @@ Head-of-line scenarios (each backend at its *default* settings, median of ``--re
   ``time.sleep(0.5)``: seconds for the step.
 
 Channel (only when asked for: ``--workload pagecache``): the bits per second one episode can still pass to a
-later one through the page cache of the files they share, by timing reads (``--rounds`` rounds of 64 bits; see
-:mod:`rstar_env.bench._sandbox_channels`).
+later one through the page cache of the files they share, by timing reads, and by the fault-around that
+``/proc/self/pagemap`` shows (``--rounds`` rounds of 64 bits each; see :mod:`rstar_env.bench._sandbox_channels`).
 
 ``--soak N`` then runs N mixed calls on a fresh ``local`` pool and reports what leaked: processes below this
 one beyond the pool's own, file descriptors of this process, and the pool's memory (PSS of the zygote and its
@@ -621,7 +621,7 @@ def command(
             results["scenarios"] = await run_scenarios(list(backends), scenarios, repeats, progress)
         if "pagecache" in workloads:
             progress("local pagecache channel")
-            results["channels"] = [await page_cache_channel(rounds)]
+            results["channels"] = [await page_cache_channel(rounds, receiver=r) for r in ("timing", "pagemap")]
         if soak_calls > 0:
             results["soak"] = await soak(soak_calls, 4 * (os.cpu_count() or 1), progress)
         return results
