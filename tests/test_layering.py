@@ -183,3 +183,37 @@ def test_the_reach_in_finder_finds_one():
         "rstar_env.proctree": {"rstar_env.sandbox._proctree": 11},
     }
     assert private_reach_ins(edges) == ["rstar_env.threads imports rstar_env.sandbox._proctree (line 3)"]
+
+
+PUBLIC_FOR_PLUGINS = (
+    "rstar_env.plugins",
+    "rstar_env.plugin",
+    "rstar_env.tool",
+    "rstar_env.reward",
+    "rstar_env.sampler",
+    "rstar_env.trajectory",
+    "rstar_env.format",
+    "rstar_env.sandbox",
+)
+"""What the built-in plugins may import of rstar_env: the author surface and the public modules it names, so a
+built-in has nothing an outside plugin could not have."""
+LEAN_WORKERS = {"rstar_plugins.rewards._worker": "rstar_env.data.numbers"}
+"""A worker process started bare (``python -m``) that must not load the plugin machinery to answer."""
+
+
+def test_builtin_plugins_import_only_what_an_outside_plugin_can():
+    import rstar_plugins
+
+    root = Path(rstar_plugins.__file__).resolve().parent
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        parts = [rstar_plugins.__name__, *path.relative_to(root).with_suffix("").parts]
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for target, line in imports_of(path, name, set()):
+            if not within(target, "rstar_env") or any(within(target, p) for p in PUBLIC_FOR_PLUGINS):
+                continue
+            if LEAN_WORKERS.get(name) == target:
+                continue
+            bad.append(f"{name} imports {target} (line {line})")
+    bad = list(dict.fromkeys(bad))
+    assert not bad, "a built-in plugin reaches past the author surface: " + "; ".join(bad)

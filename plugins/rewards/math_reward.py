@@ -37,15 +37,15 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rstar_env.data.answers import text_answer
-from rstar_env.data.numbers import (
+from rstar_env.plugins import (
     compare_number_sets,
     compare_numbers,
     parse_number,
+    plugin_options,
     same_answer,
     strip_presentation,
+    text_answer,
 )
-from rstar_env.plugins import plugin_options
 from rstar_env.trajectory import RewardResult
 
 from ._worker import with_mode
