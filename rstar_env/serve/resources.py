@@ -8,6 +8,7 @@ borrowed plugin).
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -67,6 +68,15 @@ class Resources:
             if self._own_sandbox is None:
                 self._own_sandbox = create_sandbox("local")
             return self._own_sandbox
+
+    def for_client(self, client: str) -> dict[str, Any]:
+        """The keywords that tell the sandbox whose call it is (``client=``, served in turn by the pool), for a
+        sandbox whose ``execute`` takes them; nothing for one that does not."""
+        try:
+            takes = "client" in inspect.signature(self.sandbox.execute).parameters
+        except (TypeError, ValueError):
+            takes = False
+        return {"client": client} if takes else {}
 
     @property
     def python_timeout_s(self) -> float:

@@ -150,9 +150,15 @@ def add_sandbox_routes(
             return RunCodeResponse(status="SandboxError", message=refused)
         timeout = min(max(float(request.run_timeout), 0.001), cap)
         # SandboxFusion runs `python file.py`, which echoes nothing: end on a statement, not a bare expression.
-        async with gate.slot(client_of(raw.scope)):
+        client = client_of(raw.scope)
+        async with gate.slot(client):
             result = await on_background(
-                resources.sandbox.execute(request.code + "\npass\n", stdin=request.stdin or "", timeout_s=timeout)
+                resources.sandbox.execute(
+                    request.code + "\npass\n",
+                    stdin=request.stdin or "",
+                    timeout_s=timeout,
+                    **resources.for_client(client),
+                )
             )
         run, message = run_result(result)
         ok = run.status == "Finished" and run.return_code == 0
@@ -170,7 +176,7 @@ def add_sandbox_routes(
         except CapacityError as exc:
             return RunJupyterResponse(status="SandboxError", message=str(exc))
         name = f"jupyter-{session.id}"
-        sandbox = resources.sandbox
+        sandbox, whose = resources.sandbox, resources.for_client(session.owner)
         session.close = lambda: on_background(sandbox.close_session(name))
         total = float(request.total_timeout)
         if sessions.max_session_s is not None:
@@ -186,7 +192,7 @@ def add_sandbox_routes(
                     status, driver_status = "Failed", "TimeLimitExceeded"
                     break
                 timeout = min(left, cap, float(request.cell_timeout) or cap)
-                result = await on_background(sandbox.execute(code, session=name, timeout_s=timeout))
+                result = await on_background(sandbox.execute(code, session=name, timeout_s=timeout, **whose))
                 cell = CellRunResult(stdout=result.stdout, stderr=result.stderr)
                 if result.status != "ok":
                     ename, _, value = (result.message or result.status).partition(": ")
