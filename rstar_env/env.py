@@ -180,6 +180,9 @@ class MathToolEnv(gymnasium.Env[str, str]):
         self._dataset: Any = None
         self._trajectory: Trajectory | None = None
         self._episode: EpisodeContext | None = None
+        self.client: str | None = None
+        """Whose episodes these are (a server sets its client's key): the tools' calls are queued under it, served in
+        turn with other clients' (:class:`~rstar_env.tool.EpisodeContext`). None: the one default client."""
         self._unscored = False  # this episode's row had no answer (allowed by dataset.allow_unscored)
         self._used = 0  # response length so far, in the length unit
         self._started = 0.0
@@ -303,7 +306,10 @@ class MathToolEnv(gymnasium.Env[str, str]):
             metadata={"unscored": True} if self._unscored else {},
         )
         self._episode = EpisodeContext(
-            episode_id=uuid.uuid4().hex, problem=self._trajectory.problem, answer=self._trajectory.answer
+            episode_id=uuid.uuid4().hex,
+            problem=self._trajectory.problem,
+            answer=self._trajectory.answer,
+            client=self.client,
         )
         self._used = 0
         self._started = time.perf_counter()

@@ -45,6 +45,9 @@ class EpisodeContext:
     turn: int = 0
     state: dict[str, Any] = field(default_factory=dict)
     """Scratch space for plugins; dropped when the episode ends."""
+    client: str | None = None
+    """Whose episode it is (``MathToolEnv.client``, set by a server per client): a tool on a shared pool queues its
+    calls under it, so clients are served in turn. None: the one default client."""
 
 
 @runtime_checkable

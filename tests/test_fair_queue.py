@@ -124,3 +124,26 @@ def test_the_sandbox_serves_an_honest_client_beside_a_flood() -> None:
         assert executor.started.index("honest") <= 2, executor.started
     finally:
         box.close()
+
+
+def test_an_envs_client_key_reaches_the_sandbox_queue() -> None:
+    """A server sets ``env.client`` per client; the python tool's calls are then queued under it."""
+    from rstar_env.testing import answer, aplay, make_env, python_call
+    from rstar_plugins.tools.python import PythonTool
+
+    box = LocalSandbox(timeout_s=4.0, max_concurrency=2, spares=1, preload=(), warmup=None)
+    try:
+        box.start()
+    except SandboxError as exc:
+        pytest.skip(f"local sandbox unavailable on this machine: {exc}")
+    executor = box._pool()
+    executor.record_starts = True
+    env = make_env(tools=[PythonTool(sandbox=box)], reward="math", max_turns=3)
+    env.client = "tenant-a"
+    try:
+        trajectory = asyncio.run(aplay(env, [python_call("print(6 * 7)"), answer(42)], problem="p", answer="42"))
+        assert trajectory.tool_calls[0].result.text == "42"
+        assert executor.started == ["tenant-a"]
+    finally:
+        env.close()
+        box.close()

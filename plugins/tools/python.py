@@ -124,9 +124,11 @@ class PythonTool:
 
     async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult:
         session = episode.episode_id if self.stateful else None
+        # Only the local and subprocess backends take a client key (fair queueing); None needs no keyword.
+        fair = {"client": episode.client} if episode.client is not None else {}
         try:
             result = await self.sandbox.execute(
-                arguments["code"], stdin=arguments.get("stdin", ""), session=session, timeout_s=self.timeout_s
+                arguments["code"], stdin=arguments.get("stdin", ""), session=session, timeout_s=self.timeout_s, **fair
             )
         except SandboxError as exc:  # the backend cannot work (closed, cannot start): not the model's doing
             raise ToolUnavailable(f"the {self.backend} sandbox failed: {exc}") from exc
