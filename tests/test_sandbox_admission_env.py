@@ -65,15 +65,28 @@ def _episodes(box: LocalSandbox, scripts: list[list[str]], gold: str = "43") -> 
             env.close()
 
 
-def test_stateful_episodes_beyond_what_the_pool_could_reserve_all_run_their_calls(tight_box: LocalSandbox) -> None:
+@pytest.mark.parametrize(
+    ("memory_mb", "pool_memory_mb", "episodes"),
+    [(256, 512, 6), (2048, 12288, 16)],
+    ids=["6-episodes-where-1-session-fit", "16-episodes-at-the-defaults-of-24-GiB"],
+)
+def test_stateful_episodes_beyond_what_the_pool_could_reserve_all_run_their_calls(
+    memory_mb: int, pool_memory_mb: int, episodes: int
+) -> None:
+    """Before: (pool_memory_mb - memory_mb) // memory_mb sessions at once (1, and 5), the others told to close
+    sessions or raise pool_memory_mb, counted as their tool error."""
+    box = _box(memory_mb=memory_mb, pool_memory_mb=pool_memory_mb, max_concurrency=8, queue_timeout_s=120)
     script = [python_call("x = 6 * 7"), python_call("x += 1\nprint(x)"), answer(43)]
-    trajectories = _episodes(tight_box, [script] * 6)
+    try:
+        trajectories = _episodes(box, [script] * episodes)
+    finally:
+        box.close()
     for trajectory in trajectories:
         assert (trajectory.end_reason, trajectory.reward) == ("answer", 1.0), trajectory.error
         assert trajectory.tool_error_counts() == {}
         assert trajectory.tool_calls[-1].result.text == "43"
         assert not any(word in _model_text(trajectory) for word in REFUSAL_WORDS)
-    assert tight_box._gate.turned_away == 0
+    assert box._gate.turned_away == 0
 
 
 def test_a_queue_deadline_ends_the_episode_env_error_unscored_and_untold() -> None:
