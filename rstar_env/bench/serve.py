@@ -309,6 +309,18 @@ def run_flood(flood: int = 80, honest_calls: int = 40) -> dict[str, Any]:
     return {"flood": flood, "cpus": os.cpu_count(), **result}
 
 
+def _print_flood(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"one client keeps {result['flood']} slow /run_code calls (sleep 1 s) in flight; {result['cpus']} CPUs")
+    click.echo(f"{'honest client':<14} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8}")
+    for name in ("alone", "beside_flood"):
+        row = result[name]
+        click.echo(f"{name:<14} {row['calls']:>6} {row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f}")
+    click.echo(f"flood calls finished meanwhile: {result['flood_done']} ({result['flood_failed']} failed)")
+
+
 @click.command(name="serve")
 @click.option(
     "--concurrency",
@@ -322,13 +334,27 @@ def run_flood(flood: int = 80, honest_calls: int = 40) -> dict[str, Any]:
 @click.option(
     "--episodes", type=click.IntRange(min=1), default=4, show_default=True, help="Episodes per session at each level."
 )
+@click.option(
+    "--scenario",
+    type=click.Choice(["sessions", "flood"]),
+    default="sessions",
+    show_default=True,
+    help="sessions: server vs in-process at each -c; flood: an honest client beside another's /run_code backlog.",
+)
+@click.option(
+    "--flood", type=click.IntRange(min=1), default=80, show_default=True, help="flood: slow calls kept in flight."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(concurrency: tuple[int, ...], episodes: int, as_json: bool) -> None:
-    """Steps/s and p50/p99 step latency through `rstar-env serve env` vs the env in-process, side by side."""
+def command(concurrency: tuple[int, ...], episodes: int, scenario: str, flood: int, as_json: bool) -> None:
+    """Steps/s and p50/p99 step latency through `rstar-env serve env` vs the env in-process, side by side
+    (``--scenario flood``: an honest client's latency beside another client's backlog)."""
     try:
         import openenv  # noqa: F401
     except ImportError:
         raise click.ClickException("bench serve needs the serve extra: pip install 'rstar-env[serve]'") from None
+    if scenario == "flood":
+        _print_flood(run_flood(flood), as_json)
+        return
     result = run(tuple(concurrency), episodes)
     if as_json:
         click.echo(json.dumps(result, indent=2))
