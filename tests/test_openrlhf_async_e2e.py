@@ -135,6 +135,13 @@ def _wait_for_sync(module):
 
 
 sys.meta_path.insert(0, PatchFinder(("rstar_env.env",), _wait_for_sync))
+
+# The stand-ins' engine probe generates inside the broadcast's last update_weight call; with partial rollouts
+# OpenRLHF has paused the engine there (until the broadcast returns), so that request would wait forever. This
+# test reads no probe: its engine is OpenRLHF's RolloutRayActor without it.
+import rstar_env_testkit.cpu_standins as _standins
+
+_standins.probed_actor_class = lambda actor_class: actor_class
 """
 
 
