@@ -241,14 +241,19 @@ def test_an_episode_cannot_read_another_episodes_activity_in_the_hosts_counters(
         sender = sandbox.execute(SENDER.format(delay=0.3, seconds=1.0))
         return await asyncio.gather(receiver, sender)
 
-    received, sent = run(both())
-    assert received.status == "ok" and sent.status == "ok", (received, sent)
-    seen = json.loads(received.stdout)
-    pulse_start, pulse_end, forks = sent.stdout.split()
-    # The pulse happened while the receiver sampled (the precondition of the measurement).
-    assert seen["start"] < float(pulse_start) and float(pulse_end) < seen["end"], (seen, sent.stdout)
-    assert int(forks) > 0 and seen["samples"] > 10, (seen, sent.stdout)
-    assert seen["changed"] == [], f"the host's counters carried the sender's activity: {seen['changed']}"
+    overlapped = 0
+    for _attempt in range(3):  # a loaded machine may start the sender late: measure again until they overlap
+        received, sent = run(both())
+        assert received.status == "ok" and sent.status == "ok", (received, sent)
+        seen = json.loads(received.stdout)
+        pulse_start, pulse_end, forks = sent.stdout.split()
+        assert int(forks) > 0 and seen["samples"] > 10, (seen, sent.stdout)
+        assert seen["changed"] == [], f"the host's counters carried the sender's activity: {seen['changed']}"
+        # The measurement counts only if the pulse happened while the receiver sampled.
+        if seen["start"] < float(pulse_start) and float(pulse_end) < seen["end"]:
+            overlapped += 1
+            break
+    assert overlapped, "the sender's pulse never fell within the receiver's sampling"
 
 
 READERS = """
