@@ -124,6 +124,13 @@ def test_half_sent_headers_are_dropped_and_an_honest_client_gets_in(token_server
         for sock in slow[:50]:  # the server closed them at --read-timeout-s: they read the end of the stream
             sock.settimeout(60)
             assert sock.recv(1024) == b""
+        with socket.create_connection(("127.0.0.1", token_server.port)) as trickle:  # headers whole, body never
+            trickle.sendall(
+                f"POST /verify HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ALICE}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+            )
+            trickle.settimeout(60)
+            assert trickle.recv(1024).startswith(b"HTTP/1.1 408")
     finally:
         for sock in slow:
             sock.close()

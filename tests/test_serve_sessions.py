@@ -58,7 +58,12 @@ def test_mcp_sessions_take_slots_that_idle_ones_give_back_to_ws_clients(server):
 
     created = [mcp(server, "openenv/session/create")["result"]["session_id"] for _ in range(3)]
     assert capacity(server)["active_sessions"] == 3
-    locked_out = asyncio.run(ws_reset())
+
+    async def refused() -> dict:
+        async with connect(f"ws://127.0.0.1:{server.port}/ws") as ws:
+            return json.loads(await ws.recv())  # said at once, before the client asks anything
+
+    locked_out = asyncio.run(refused())
     assert locked_out["data"]["code"] == "CAPACITY_REACHED" and "--max-sessions 3" in locked_out["data"]["message"]
     other = mcp(server, "openenv/session/close", client="b", session_id=created[0])
     assert "Unknown session_id" in other["error"]["message"]  # another client's session is not reachable

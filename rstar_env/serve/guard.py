@@ -232,9 +232,12 @@ class Guard:
         # Read the body here, bounded in size and time, and hand the route a replay of it: a chunked upload cannot
         # outgrow the limit, and a body sent a byte a minute does not hold a connection for ever.
         body, more, size = [], True, 0
+        loop = asyncio.get_running_loop()
+        deadline = None if self.read_timeout_s is None else loop.time() + self.read_timeout_s
         while more:
-            try:
-                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            try:  # one deadline for the whole body: a trickle of small chunks cannot stretch it
+                left = None if deadline is None else max(deadline - loop.time(), 0.0)
+                message = await asyncio.wait_for(receive(), left)
             except TimeoutError:
                 await _refuse(scope, send, 408, f"the request body did not arrive within {self.read_timeout_s:g} s")
                 return
