@@ -41,6 +41,7 @@ from rstar_env.env import MathToolEnv
 from rstar_env.serve.guard import client_of
 from rstar_env.serve.resources import Resources
 from rstar_env.serve.sessions import CapacityError, Session, Sessions
+from rstar_env.serve.ws import add_session_routes, response
 
 RESET_KEYS = frozenset({"problem", "answer", "id", "max_episode_steps"})
 """What a reset may carry besides ``seed`` and ``episode_id``."""
@@ -285,21 +286,10 @@ async def _close(env: MathToolEnvironment) -> None:
     await asyncio.to_thread(env.close)
 
 
-def response(obs: MathToolObservation) -> dict[str, Any]:
-    """An observation as OpenEnv's clients read it: ``{"observation", "reward", "done"}``."""
-    return {
-        "observation": obs.model_dump(exclude={"reward", "done", "metadata"}),
-        "reward": obs.reward,
-        "done": obs.done,
-    }
-
-
 def add_env_routes(app: FastAPI, resources: Resources, sessions: Sessions) -> HttpEpisodes:
     """Mount ``/ws`` and ``/mcp`` (:mod:`rstar_env.serve.ws`), the by-id HTTP ``/reset``, ``/step`` and ``/state``,
     ``/capacity``, and OpenEnv's stateless routes (``/health``, ``/schema``, ``/metadata``) on ``app``, every
     session in ``sessions``; returns the HTTP episodes."""
-    from rstar_env.serve.ws import add_session_routes
-
     factory = functools.partial(MathToolEnvironment, resources)
     episodes = HttpEpisodes(factory, sessions)
     # Registered before OpenEnv's routes of the same paths, so these answer (Starlette takes the first match).

@@ -99,9 +99,16 @@ async def handle(env: Any, message: dict[str, Any], action_cls: Any) -> tuple[st
             observation = await env.step_async(action)
     except (ValueError, TypeError, RuntimeError, KeyError) as exc:  # what a reset or step refuses: say so, go on
         return _error(str(exc) or type(exc).__name__, "EXECUTION_ERROR"), False
-    from rstar_env.serve.env_server import response
-
     return json.dumps({"type": "observation", "data": response(observation)}, default=str), False
+
+
+def response(observation: Any) -> dict[str, Any]:
+    """An observation as OpenEnv's clients read it: ``{"observation", "reward", "done"}``."""
+    return {
+        "observation": observation.model_dump(exclude={"reward", "done", "metadata"}),
+        "reward": observation.reward,
+        "done": observation.done,
+    }
 
 
 def _rpc_error(request_id: Any, code: int, message: str, **data: Any) -> dict[str, Any]:
@@ -242,4 +249,4 @@ def add_session_routes(
                 await websocket.close()
 
 
-__all__ = ["MAX_DEPTH", "add_session_routes", "handle", "parse", "too_deep"]
+__all__ = ["MAX_DEPTH", "add_session_routes", "handle", "parse", "response", "too_deep"]
