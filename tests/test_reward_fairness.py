@@ -209,3 +209,17 @@ def test_a_client_key_reaches_the_scheduler_through_the_pool() -> None:
     with VerifierPool(workers=1, timeout_s=1.5) as pool:
         assert pool.run("x+2", True, "2+x", client="token-a") == ("verified", "")
         assert pool.run_many([("\\boxed{3}", "3")], client="token-b") == [("verified", "")]
+
+
+def test_a_per_client_cap_leaves_workers_for_other_clients() -> None:
+    """``max_per_client=1``: a flooding client has one comparison without a verdict at a time; the others' are taken
+    meanwhile, and its next is taken once its verdict is in."""
+    scheduler = _scheduler(workers=2)
+    scheduler.config.max_per_client = 1
+    flood = scheduler.submit([("1", "1")] * 5, 12.0, "flood")
+    assert _clients_of_batches(scheduler, 2) == [["flood"], []]  # capped: the second worker finds nothing to take
+    scheduler.submit([("2", "2")], 12.0, "honest")
+    assert _clients_of_batches(scheduler, 1) == [["honest"]]
+    flood[0].set_result(("verified", ""))  # its verdict: the flood may start another
+    assert _clients_of_batches(scheduler, 1) == [["flood"]]
+    assert scheduler.in_flight == {"flood": 1, "honest": 1}

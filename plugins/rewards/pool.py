@@ -143,6 +143,7 @@ class _Config:
     memory_mb: int
     startup_timeout_s: float
     worker_timer: bool = True
+    max_per_client: int | None = None
 
 
 class _Task:
@@ -167,6 +168,13 @@ class _Slot:
         self.warm: deque[tuple[list[tuple[str, str]], Future[None]]] = deque()
 
 
+class _NoClient:
+    """No client may start a comparison now (see :meth:`_Scheduler._next_client_locked`)."""
+
+
+_NO_CLIENT = _NoClient()
+
+
 def _settle(task: _Task, verdict: Verdict | BaseException) -> None:
     with contextlib.suppress(Exception):  # cancelled while queued, or closed: nobody is waiting
         if isinstance(verdict, BaseException):
@@ -185,6 +193,7 @@ class _Scheduler:
         self.fresh: dict[Hashable, deque[_Task]] = {}  # not yet tried, per client: served first
         self.turns: deque[Hashable] = deque()  # clients with untried comparisons, in the order they are served
         self.queued = 0  # untried comparisons, all clients together
+        self.in_flight: dict[Hashable, int] = {}  # client -> its comparisons started and without a verdict
         self.waiting: dict[int, int] = {}  # request -> its comparisons in ``fresh``
         self.slow: list[_Task] = []  # preempted after its probe: one full attempt when a worker is free
         self.requests = 0
@@ -262,12 +271,34 @@ class _Scheduler:
         self.slow.remove(task)
         return task
 
+    def _next_client_locked(self) -> Hashable | _NoClient:
+        """The first client in turn whose next comparison may start (under ``max_per_client``), taken off the turns."""
+        cap = self.config.max_per_client
+        for index, client in enumerate(self.turns):
+            head = self.fresh[client][0]
+            if cap is None or head.started or self.in_flight.get(client, 0) < cap:
+                del self.turns[index]
+                return client
+        return _NO_CLIENT
+
+    def _release(self, client: Hashable) -> None:
+        with self.cv:  # an RLock: settled under it (expiry) or not (a dispatcher thread)
+            left = self.in_flight.get(client, 0) - 1
+            if left > 0:
+                self.in_flight[client] = left
+            else:
+                self.in_flight.pop(client, None)
+            if self.config.max_per_client is not None:
+                self.cv.notify_all()
+
     def _take_fresh_locked(self) -> list[_Task]:
         size = max(1, min(_MAX_BATCH, math.ceil(self.queued / max(1, len(self.slots)))))
         batch: list[_Task] = []
-        while self.turns and len(batch) < size:
+        while len(batch) < size:
             # One comparison of each client in turn: a backlog never holds another client's next one.
-            client = self.turns.popleft()
+            client = self._next_client_locked()
+            if client is _NO_CLIENT:
+                break
             queue = self.fresh[client]
             task = queue.popleft()
             self.queued -= 1
@@ -284,6 +315,9 @@ class _Scheduler:
                 if not task.future.set_running_or_notify_cancel():
                     continue  # its caller gave up (the env's own limit, a cancelled step): no work for it
                 task.started = True
+                # In flight for its client until its verdict (a preempted one included): max_per_client counts it.
+                self.in_flight[client] = self.in_flight.get(client, 0) + 1
+                task.future.add_done_callback(lambda _f, c=client: self._release(c))
             batch.append(task)
         return batch
 
@@ -542,7 +576,9 @@ class VerifierPool:
     quarter of ``timeout_s``, at most half a second). ``latency_s``: a preempted comparison has its verdict within
     this many seconds of its submission, a ``timeout`` when the workers had no room for its full attempt
     (default: 4 x ``timeout_s``).
-    ``memory_mb``: each worker's address-space limit (0: none). See the module docstring for the schedule.
+    ``memory_mb``: each worker's address-space limit (0: none). ``max_per_client``: comparisons of one client
+    started and without a verdict at once (None: no cap), so one client never holds every worker. See the module
+    docstring for the schedule.
     """
 
     def __init__(
@@ -554,6 +590,7 @@ class VerifierPool:
         *,
         probe_s: float | None = None,
         latency_s: float | None = None,
+        max_per_client: int | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -566,6 +603,8 @@ class VerifierPool:
         margin_s = min(0.5, 0.2 * timeout_s)
         probe = float(probe_s) if probe_s is not None else min(0.5, timeout_s / 4)
         latency = float(latency_s) if latency_s is not None else 4 * timeout_s
+        if max_per_client is not None and max_per_client < 1:
+            raise ValueError(f"max_per_client must be at least 1, or None for no cap; got {max_per_client!r}")
         if not 0 < probe <= timeout_s:
             raise ValueError(f"probe_s must be > 0 and at most timeout_s ({timeout_s:g}), got {probe:g}")
         if latency < probe + timeout_s:
@@ -580,6 +619,7 @@ class VerifierPool:
             latency_s=latency,
             memory_mb=int(memory_mb),
             startup_timeout_s=startup_timeout_s,
+            max_per_client=max_per_client,
         )
         """The limits, read by the dispatcher threads at each comparison (``worker_timer=False``: the workers arm
         no timer of their own, so only the hard kill ends a comparison; for tests of that kill)."""
