@@ -182,3 +182,38 @@ def test_each_token_carries_the_version_that_generated_it(tiny_llama, echo_plugi
     assert tokenizer.decode(obs[s1:e1]) == TOOL_CALL and tokenizer.decode(obs[s2:e2]) == ANSWER
     assert "forty-two" in tokenizer.decode(obs[e1:s2]) and result["reward"] == 1.0
     assert len(result["rollout_log_probs"]) == len(obs)
+
+
+def test_hooks_reach_a_trainer_whose_class_was_not_patched(monkeypatch):
+    """The sync trainer's Ray actor can hold OpenRLHF's unpatched class: the RoC generator it builds finds it up the
+    stack and wraps the instance's methods instead."""
+    monkeypatch.setattr(pv, "broadcast_and_tag", _fake_ray_broadcast(pv.broadcast_and_tag))
+    found = []
+
+    class Generator:
+        def __init__(self) -> None:
+            found.append(pv.calling_trainer())
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.vllm_engines = [Engine()]
+            self.generator = Generator()
+
+        def init_checkpoint_states(self) -> dict:
+            return {"global_step": 0}
+
+        def train_step(self, samples: Any, global_step: int) -> tuple[dict, int]:
+            self.broadcast_to_vllm()
+            return {}, global_step + 1
+
+        def broadcast_to_vllm(self) -> None:
+            pass
+
+    trainer = Trainer()
+    assert found == [trainer]
+    assert pv.install_on_trainer(trainer) and not pv.install_on_trainer(trainer)  # once
+    trainer.init_checkpoint_states()
+    info = {pv.VERSION_MIN_KEY: torch.tensor([0.0]), pv.VERSION_MAX_KEY: torch.tensor([0.0])}
+    status, _ = trainer.train_step([SimpleNamespace(info=info)], 0)
+    assert status["async/staleness_max"] == 0.0 and pv.engine_version() == 1
+    assert not hasattr(Trainer, "_rstar_versioned")  # the class itself untouched

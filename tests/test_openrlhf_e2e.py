@@ -243,6 +243,11 @@ def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, exported_model, ra
         assert status["roc/rollouts"] == 2 * G and status["roc/groups_kept"] == 1
         assert {"num_tool_calls", "roc/all_pos/n", "roc/positives_kept", "roc/negatives_kept"} <= status.keys()
     assert any("roc/all_pos/tool_error_ratio" in status for status in steps.values())
+    # Policy versions: the synchronous trainer trains each batch on the weights that generated it (staleness 0),
+    # and tags the engine after each sync.
+    assert [steps[s]["async/policy_version"] for s in (1, 2)] == [0.0, 1.0]
+    assert all(status["async/staleness_max"] == 0.0 for status in steps.values())
+    assert "weights of policy version 2 synced to 1 engine(s)" in first
 
     # group_norm normalised the kept G per prompt: rows of G consecutive rewards, one prompt per row.
     normalised = read_evidence(evidence, "group_norm")
@@ -297,7 +302,9 @@ def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, exported_model, ra
     # A second launch (one more episode) resumes from global_step2 and goes on at step 3.
     second = launch(write_config(tmp_path, exported_model, num_episodes=2), ray_cluster, tmp_path / "run2.log")
     assert "Loading the checkpoint" in second
-    assert sorted(step_logs(second)) == [3, 4], second[-4000:]
+    resumed = step_logs(second)
+    assert sorted(resumed) == [3, 4], second[-4000:]
+    assert [resumed[s]["async/policy_version"] for s in (3, 4)] == [2.0, 3.0]  # from the checkpoint's step
     assert (run / "checkpoints" / "_actor" / "latest").read_text().strip() == "global_step4"
     rows = [json.loads(line) for line in (run / "trajectories.jsonl").open()]
     assert [r["metadata"]["step"] for r in rows] == [1] * 2 * G + [2] * 2 * G + [3] * 2 * G + [4] * 2 * G

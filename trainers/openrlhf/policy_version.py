@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -131,15 +133,8 @@ def broadcast_and_tag(
     return acks
 
 
-def install_trainer_hooks(base: type) -> None:
-    """Wrap OpenRLHF's ``BasePPOTrainer`` (``base``) so that it tracks the policy version (from the checkpoint it
-    resumes, then +1 per training step), tags the engines after each broadcast, and adds the batch's staleness to
-    each step's status. Idempotent."""
-    if getattr(base, "_rstar_versioned", False):
-        return
-    real_init_states = base.init_checkpoint_states
-    real_train_step = base.train_step
-    real_broadcast = base.broadcast_to_vllm
+def _wrappers(real_init_states: Callable, real_train_step: Callable, real_broadcast: Callable) -> tuple:
+    """The three wrapped trainer methods (unbound: ``self`` first), around OpenRLHF's."""
 
     @functools.wraps(real_init_states)
     def init_checkpoint_states(self: Any) -> dict[str, Any]:
@@ -161,7 +156,48 @@ def install_trainer_hooks(base: type) -> None:
     def broadcast_to_vllm(self: Any) -> None:
         broadcast_and_tag(self, real_broadcast)
 
-    base.init_checkpoint_states = init_checkpoint_states
-    base.train_step = train_step
-    base.broadcast_to_vllm = broadcast_to_vllm
+    for wrapper in (init_checkpoint_states, train_step, broadcast_to_vllm):
+        wrapper._rstar_hook = True  # type: ignore[attr-defined]
+    return init_checkpoint_states, train_step, broadcast_to_vllm
+
+
+METHODS = ("init_checkpoint_states", "train_step", "broadcast_to_vllm")
+
+
+def install_trainer_hooks(base: type) -> None:
+    """Wrap OpenRLHF's ``BasePPOTrainer`` (``base``) so that it tracks the policy version (from the checkpoint it
+    resumes, then +1 per training step), tags the engines after each broadcast, and adds the batch's staleness to
+    each step's status. Idempotent."""
+    if getattr(base, "_rstar_versioned", False):
+        return
+    for name, wrapper in zip(METHODS, _wrappers(*(getattr(base, n) for n in METHODS)), strict=True):
+        setattr(base, name, wrapper)
     base._rstar_versioned = True
+
+
+def install_on_trainer(trainer: Any) -> bool:
+    """The same hooks on one trainer instance (instance attributes over its class's methods), where its methods
+    are not ours: Ray's ``@ray.remote`` copies each method onto the actor class it builds at decoration time, so an
+    actor class decorated before the patch (the sync ``PPOTrainer``, decorated in the driver while its module is
+    executed) calls OpenRLHF's originals although ``BasePPOTrainer`` is patched. Returns False (nothing done) when the
+    methods already are the hooks."""
+    if all(getattr(getattr(trainer, name), "_rstar_hook", False) for name in METHODS):
+        return False
+    for name, wrapper in zip(METHODS, _wrappers(*(getattr(type(trainer), n) for n in METHODS)), strict=True):
+        setattr(trainer, name, types.MethodType(wrapper, trainer))
+    trainer._rstar_versioned = True
+    return True
+
+
+def calling_trainer(depth: int = 8) -> Any:
+    """The OpenRLHF trainer whose ``__init__`` is building the caller (``self`` of a frame up the stack that has
+    ``train_step`` and ``broadcast_to_vllm``), or ``None``."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and all(callable(getattr(owner, n, None)) for n in METHODS):
+            return owner
+        frame = frame.f_back
+    return None

@@ -37,7 +37,13 @@ from rstar_env.trajectory import SYSTEM_FAILURES
 from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
 from rstar_trainers.openrlhf.engine_queue import generate_vllm_shared_queue
 from rstar_trainers.openrlhf.patch import ORIGINAL_ATTR
-from rstar_trainers.openrlhf.policy_version import TOKEN_VERSIONS_KEY, VERSION_MAX_KEY, VERSION_MIN_KEY
+from rstar_trainers.openrlhf.policy_version import (
+    TOKEN_VERSIONS_KEY,
+    VERSION_MAX_KEY,
+    VERSION_MIN_KEY,
+    calling_trainer,
+    install_on_trainer,
+)
 from rstar_trainers.openrlhf.runtime import load_run_config
 from rstar_trainers.openrlhf.trajectory_log import TRAJECTORY_KEY, TrajectoryLog, resumed_step
 
@@ -218,6 +224,12 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
 
     def __init__(self, *args: Any, run_config: RunConfig | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The policy-version hooks on the trainer building this generator (the sync trainer's actor, whose Ray actor
+        # class holds copies of OpenRLHF's unpatched methods: see policy_version.install_on_trainer). No-op where
+        # its methods are the hooks already.
+        trainer = calling_trainer()
+        if trainer is not None and install_on_trainer(trainer):
+            logger.info("policy-version hooks installed on %s", type(trainer).__name__)
         run = run_config if run_config is not None else load_run_config()
         settings = trainer_config(run)
         if not isinstance(settings, OpenRLHFRLConfig):
