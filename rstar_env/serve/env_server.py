@@ -190,6 +190,10 @@ class MathToolEnvironment(Environment[MathToolAction, MathToolObservation, MathT
             f"{self.env.reward_fn.name!r} reward plugin",
         )
 
+    def bind_client(self, client: str) -> None:
+        """Queue this session's tool calls under ``client`` (the sandbox serves clients in turn)."""
+        self.env.client = client
+
     def close(self) -> None:
         """End the episode (and its stateful sandbox session); the shared plugins stay open."""
         self.env.close()
@@ -232,6 +236,7 @@ class HttpEpisodes:
             except BaseException:
                 await self.sessions.end(session)
                 raise
+            env.bind_client(owner)
             session.obj, session.close = env, functools.partial(_close, env)
         try:
             with self.sessions.using(session):

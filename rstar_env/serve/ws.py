@@ -142,6 +142,9 @@ def add_session_routes(
             return
         try:
             env = await asyncio.to_thread(factory)
+            bind = getattr(env, "bind_client", None)
+            if bind is not None:  # its tool calls queue under this client in the sandbox
+                bind(session.owner)
             session.obj, session.close = env, lambda: close_env(env)
             while True:
                 received = await websocket.receive()
