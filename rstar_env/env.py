@@ -52,7 +52,7 @@ from rstar_env.format import (
     render_system_prompt,
 )
 from rstar_env.plugins import check_tool, invoke, load_reward, load_tool
-from rstar_env.reward import Reward
+from rstar_env.reward import Reward, current_client
 from rstar_env.spaces import TokenAction, UnicodeText
 from rstar_env.special_tokens import SpecialTokens, encode_parts
 from rstar_env.tool import EpisodeContext, Tool, ToolUnavailable, validate_arguments
@@ -541,6 +541,7 @@ class MathToolEnv(gymnasium.Env[str, str]):
         if self.settings.scored_text == "all_actions":
             action = "\n".join(turn.action for turn in traj.turns)
         limit = self.settings.reward_timeout_s
+        scoring_for = current_client.set(self.client)  # the reward's shared workers serve clients in turn
         try:
             result = await _bounded(
                 invoke(self.reward_fn.score, action, traj.answer), limit, f"reward {self.reward_fn.name!r} score"
@@ -552,6 +553,8 @@ class MathToolEnv(gymnasium.Env[str, str]):
             ) from None
         except Exception as exc:  # a reward plugin that fails has not judged the answer: no score, an env_error
             raise RewardError(f"the {self.reward_fn.name!r} reward plugin raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            current_client.reset(scoring_for)
         if not isinstance(result, RewardResult):
             raise RewardError(
                 f"the {self.reward_fn.name!r} reward plugin returned {type(result).__name__}, "

@@ -14,9 +14,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
+from contextvars import ContextVar
 from typing import ClassVar, Protocol, runtime_checkable
 
 from rstar_env.trajectory import RewardResult
+
+current_client: ContextVar[str | None] = ContextVar("rstar_env_reward_client", default=None)
+"""Whose answer is being scored: a server's client key, or None for the one default client. The env sets it
+around ``score`` (from ``MathToolEnv.client``) and the server's ``/verify`` around each request. A reward plugin
+that queues work for shared workers may read it in ``score`` (on the event loop, before handing work to a thread:
+threads do not inherit it) to serve clients in turn, as the built-in ``math`` reward does, so one client's backlog
+of slow answers does not delay another client's."""
 
 
 @runtime_checkable

@@ -223,3 +223,28 @@ def test_a_per_client_cap_leaves_workers_for_other_clients() -> None:
     flood[0].set_result(("verified", ""))  # its verdict: the flood may start another
     assert _clients_of_batches(scheduler, 1) == [["flood"]]
     assert scheduler.in_flight == {"flood": 1, "honest": 1}
+
+
+def test_an_episodes_answer_is_queued_under_its_client(monkeypatch) -> None:
+    """The env names its client to the reward (``rstar_env.reward.current_client``), and the ``math`` reward queues
+    the comparison under it: a server's raw /verify traffic cannot hold an episode's scoring behind its backlog."""
+    seen: list[object] = []
+    submit = VerifierPool.submit
+
+    def spy(self: VerifierPool, items, *, client=None):
+        seen.append(client)
+        return submit(self, items, client=client)
+
+    monkeypatch.setattr(VerifierPool, "submit", spy)
+    reward = MathReward(workers=1, cache_size=0)
+    env = make_env(tools=[], reward=reward)
+    env.unwrapped.client = "alice"
+    try:
+        # Not decided by the fast path (numbers, plain text): it goes to math-verify in the pool.
+        trajectory = asyncio.run(
+            aplay(env, ["<answer>\\boxed{\\frac{x^2-1}{x-1}}</answer>"], problem="p", answer="x+1")
+        )
+    finally:
+        env.close()
+        reward.close()
+    assert trajectory.reward == 1.0 and seen == ["alice"]

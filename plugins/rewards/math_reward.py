@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rstar_env.plugins import (
     compare_number_sets,
     compare_numbers,
+    current_client,
     parse_number,
     plugin_options,
     same_answer,
@@ -156,7 +157,8 @@ class MathReward:
         """Score ``(response, answer)`` pairs: extraction and the fast path in a helper thread (off the event loop),
         the rest queued for the workers, no thread held while they wait. Results are in input order."""
         loop = asyncio.get_running_loop()
-        staged = await loop.run_in_executor(self._get_extractor(), self._stage_all, list(pairs))
+        client = current_client.get()  # read here: the extractor thread does not inherit the caller's context
+        staged = await loop.run_in_executor(self._get_extractor(), self._stage_all, list(pairs), client)
         waiting = [(i, item) for i, item in enumerate(staged) if isinstance(item, _Pending)]
         if waiting:
             # Cancelling this coroutine (the env's reward_timeout_s) cancels the comparisons not yet started.
@@ -272,8 +274,9 @@ class MathReward:
             text = found.boxes
         return text, with_mode(gold, self.exact_symbolic), found.shown
 
-    def _stage_all(self, pairs: list[tuple[str, str]]) -> list[RewardResult | _Pending]:
-        """Extraction, the fast path and the verdict cache; what is left is submitted to the pool (never waits)."""
+    def _stage_all(self, pairs: list[tuple[str, str]], client: str | None = None) -> list[RewardResult | _Pending]:
+        """Extraction, the fast path and the verdict cache; what is left is submitted to the pool (never waits),
+        queued under ``client`` (whose answers these are: clients are served in turn)."""
         staged: list[RewardResult | _Pending] = []
         sends: list[_Pending] = []
         for item in self._prepare_all(pairs):
@@ -291,7 +294,7 @@ class MathReward:
         if sends:
             # A pool that cannot start (math-verify missing, a broken interpreter) settles the futures with
             # RuntimeError and the worker's stderr: a broken install, not bad model output, never a silent 0.
-            futures = self._get_pool().submit([(item.text, item.gold) for item in sends])
+            futures = self._get_pool().submit([(item.text, item.gold) for item in sends], client=client)
             for item, future in zip(sends, futures, strict=True):
                 item.future = future
         return staged

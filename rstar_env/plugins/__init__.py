@@ -86,7 +86,7 @@ from rstar_env.data.numbers import (
 )
 from rstar_env.format import extract_answer
 from rstar_env.invoke import invoke  # the one definition; re-exported for plugin authors
-from rstar_env.reward import Reward
+from rstar_env.reward import Reward, current_client
 from rstar_env.runtime import SharedSandboxes, runtime
 from rstar_env.sampler import Sampler, TrajectorySummary, checked_select
 from rstar_env.tool import EpisodeContext, Tool, function_schema, tool_schema, validate_arguments
@@ -184,6 +184,7 @@ __all__ = [
     "checked_select",
     "compare_number_sets",
     "compare_numbers",
+    "current_client",
     "extract_answer",
     "failed_plugins",
     "function_schema",

@@ -15,6 +15,7 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rstar_env.plugins import invoke
+from rstar_env.reward import current_client
 from rstar_env.serve.fair import FairGate
 from rstar_env.serve.guard import client_of
 from rstar_env.serve.resources import Resources, on_background
@@ -53,11 +54,14 @@ def add_verify_route(app: FastAPI, resources: Resources, gate: FairGate) -> None
         gold = request.gold if request.gold is not None else request.answer
         assert gold is not None
 
+        client = client_of(raw.scope)
+
         async def score() -> Any:
+            current_client.set(client)  # this task's own context: the reward's workers serve clients in turn
             return await asyncio.wait_for(invoke(reward.score, request.response, gold), limit)
 
         try:
-            async with gate.slot(client_of(raw.scope)):
+            async with gate.slot(client):
                 result = await on_background(score())
         except TimeoutError:
             raise HTTPException(
