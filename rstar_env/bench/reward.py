@@ -5,7 +5,7 @@ Three speed workloads, each measured both ways in one run (the verdict cache off
 * **integer**: AIME-style responses with an integer in ``\\boxed{}`` (half right, half wrong), the exact fast path;
 * **symbolic**: roots, polynomials, intervals, sets, matrices, equations (distinct pairs, all correct), which go to
   the math-verify worker pool;
-* **mixed**: the held-out pairs of the labelled set ``tests/data/verifier_cases.jsonl`` (numbers, fractions, sets,
+* **mixed**: the held-out pairs of the labelled set ``tests/fixtures/verifier_cases.jsonl`` (numbers, fractions, sets,
   tuples, intervals, several boxes, text answers, prose; right and wrong answers; drawn from other projects' test
   suites), shuffled, each prediction framed as a final answer block ``<answer>PRED</answer>``. Each parser first
   sees the set's dev pairs once, uncounted (math-verify in this process, and each worker of the reward):
@@ -69,8 +69,8 @@ def symbolic_pairs(n: int) -> list[tuple[str, str]]:
     ]
 
 
-CASES_PATH = Path(__file__).resolve().parents[2] / "tests" / "data" / "verifier_cases.jsonl"
-"""The labelled set (a source checkout's ``tests/data``): one JSON object a line with ``gold``, ``pred``,
+CASES_PATH = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "verifier_cases.jsonl"
+"""The labelled set (a source checkout's ``tests/fixtures``): one JSON object a line with ``gold``, ``pred``,
 ``expected`` (1 right, 0 wrong), ``split`` (``dev`` or ``heldout``), ``source`` and ``topic``."""
 
 
@@ -305,7 +305,7 @@ def run_bench(
     "--cases",
     type=click.Path(dir_okay=False),
     default=None,
-    help="The labelled set (default: tests/data/verifier_cases.jsonl of this checkout).",
+    help="The labelled set (default: tests/fixtures/verifier_cases.jsonl of this checkout).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON object.")
 def command(

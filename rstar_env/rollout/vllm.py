@@ -291,7 +291,7 @@ class VLLMPolicy:
 
         vLLM's in-place reload loads the embedding but never re-processes the tied ``lm_head`` layer, whose CPU
         kernel keeps a pre-packed copy of the old weights: the logits would come from the old head (checked in
-        tests/test_vllm_policy.py). Loading the head's own tensor makes vLLM re-process that layer too.
+        tests/rollout/test_vllm.py). Loading the head's own tensor makes vLLM re-process that layer too.
         """
         import json
         import shutil

@@ -388,7 +388,7 @@ class LocalTrainer(Checkpointed):
                 forced = list(self._per_sample_logprobs(self.model, samples))
             if not forced_old:
                 # Sampling at temperature 1 without top-p draws from the model's own distribution, so the sampler's
-                # log-probs are the old policy's (tests/test_rollout_local.py checks they match a forward pass).
+                # log-probs are the old policy's (tests/rollout/test_local.py checks they match a forward pass).
                 old = [torch.tensor(s.logprobs[1:], device=self.cfg.device) for s in samples]
             elif not own_pass:
                 old = list(forced)

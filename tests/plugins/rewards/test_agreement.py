@@ -1,4 +1,4 @@
-"""The ``math`` reward against the labelled set ``tests/data/verifier_cases.jsonl`` (cases written from the documented
+"""The ``math`` reward against the labelled set ``tests/fixtures/verifier_cases.jsonl`` (cases written from the documented
 behaviour of Math-Verify's test suite, the Qwen2.5-Math grader and verl's prime_math, plus this project's corner
 cases), side by side with math-verify called directly with its defaults (``verify(parse(gold), parse(pred))``).
 

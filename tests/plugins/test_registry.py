@@ -313,7 +313,7 @@ def test_the_process_registry_is_the_runtimes_and_can_be_swapped_for_a_block():
 def test_a_forked_child_registers_although_a_parent_thread_held_the_registry_lock(echo_plugins):
     import threading
 
-    from ._forked import in_forked_child
+    from .._forked import in_forked_child
 
     registry = get_registry()
     held, release = threading.Event(), threading.Event()

@@ -1,6 +1,6 @@
 """The ``e2b`` backend against the local code-interpreter server: pool, retries, faults, sandbox death.
 
-The shared protocol suite (tests/test_sandbox_protocol.py) runs the same backend for the semantics of calls;
+The shared protocol suite (tests/sandbox/test_protocol.py) runs the same backend for the semantics of calls;
 here the server injects what the cloud does to a client: 429s, 5xx, dropped connections, hung requests, killed
 sandboxes. The SDK runs in its debug mode (no account, no network beyond this machine). A live test runs only
 when ``E2B_API_KEY`` is set.

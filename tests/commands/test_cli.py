@@ -306,7 +306,7 @@ def test_eval_takes_sampling_from_the_config_unless_a_flag_says_otherwise(tmp_pa
 
     from rstar_env_testkit.replay_server import ReplayServer, reply
 
-    quickstart = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
+    quickstart = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
     data = _rows(tmp_path / "rows.jsonl", 1)
 
     def sent(*extra: str) -> dict:
@@ -398,7 +398,7 @@ def test_chat_takes_max_new_tokens_from_the_config():
 
     from rstar_env_testkit.replay_server import ReplayServer, reply
 
-    quickstart = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
+    quickstart = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
     with ReplayServer([], default=reply("<answer>\\boxed{1}</answer>")) as server:
         result = CliRunner().invoke(
             main,

@@ -20,7 +20,7 @@ from rstar_env.plugin import EpisodeContext, ToolResult, function_schema, regist
 from rstar_env.runtime import runtime
 from rstar_env.testing import answer, make_env, play, tool_call
 
-from ._forked import in_forked_child
+from .._forked import in_forked_child
 
 
 def _fork_hooks(root: Path) -> list[str]:

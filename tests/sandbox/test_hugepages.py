@@ -17,7 +17,7 @@ import pytest
 from rstar_env.sandbox import _hugepages
 from rstar_env.sandbox.local import LocalSandbox
 
-from .test_sandbox_hostile import start_or_skip
+from .test_hostile import start_or_skip
 
 
 def _collapse_unavailable() -> str | None:

@@ -16,7 +16,7 @@ import pytest
 from rstar_env.sandbox import ExecResult, Sandbox, SandboxError, create_sandbox
 from rstar_env.sandbox._base import ThreadedSandbox
 
-from ._forked import in_forked_child
+from .._forked import in_forked_child
 
 BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
 BACKEND_OPTIONS: dict[str, dict[str, Any]] = {

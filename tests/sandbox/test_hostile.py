@@ -26,7 +26,7 @@ import pytest
 from rstar_env.sandbox import ExecResult, SandboxError
 from rstar_env.sandbox.local import LocalSandbox
 
-from ._forked import in_forked_child
+from .._forked import in_forked_child
 
 TIMEOUT_S = 1.0
 SLACK_S = 1.0
@@ -669,7 +669,7 @@ def test_host_secrets_are_not_readable(sandbox: LocalSandbox, tmp_path: Path) ->
     in_host_tmp.write_text(secret)
     in_host_tmp.chmod(0o644)
     (tmp_path / "secret.txt").write_text(secret)
-    checkout_file = Path(__file__).resolve().parents[1] / "README.md"
+    checkout_file = Path(__file__).resolve().parents[2] / "README.md"
     try:
         targets = ["/etc/shadow", str(in_host_tmp), str(tmp_path / "secret.txt"), str(checkout_file)]
         code = f"""
@@ -998,7 +998,7 @@ def test_idle_sessions_parking_files_do_not_get_an_innocent_call_killed(innocent
     killer ended, three times in three (memory_mb=512, pool_memory_mb=1024). The innocent call is stateless, or
     made in a session that was open before the squatters came. A call that does not fit waits for room, and is
     turned away unrun past queue_timeout_s (a system failure): never killed. (Waiting, then running once a
-    squatter closes: tests/test_sandbox_admission.py.)"""
+    squatter closes: tests/sandbox/test_admission.py.)"""
     box = LocalSandbox(
         timeout_s=8.0,
         max_concurrency=4,
@@ -1492,7 +1492,7 @@ def test_the_code_learns_no_host_paths_from_its_command_line_mounts_or_environme
     seen = execute(sandbox, code).stdout
     for path in sorted(_isolation.visible_paths(), key=len, reverse=True):
         seen = seen.replace(path, "<interpreter>")
-    checkout = str(Path(__file__).resolve().parents[1])
+    checkout = str(Path(__file__).resolve().parents[2])
     home = os.path.expanduser("~")
     assert checkout not in seen, seen
     assert home == "/" or not re.search(rf"(?<![\w.-]){re.escape(home)}(?=[/\s:]|$)", seen), seen

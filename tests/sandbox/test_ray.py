@@ -1,6 +1,6 @@
 """The ``ray`` backend on a local Ray instance: routing, batching, and actors that die under load.
 
-The call semantics are the shared protocol suite's (tests/test_sandbox_protocol.py runs it on ``ray`` too).
+The call semantics are the shared protocol suite's (tests/sandbox/test_protocol.py runs it on ``ray`` too).
 Ray starts once per test process (``num_cpus=2``, no dashboard); actors take no CPU reservation so several
 sandboxes fit on a 2-core machine.
 """

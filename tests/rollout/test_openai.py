@@ -15,7 +15,7 @@ from rstar_env.rollout.policy import Generation, Policy, Request, SamplingParams
 from rstar_env.trajectory import ToolCall, ToolResult, Trajectory, Turn
 from rstar_env_testkit.replay_server import ReplayServer, disconnect, fault, reply, slow, validate_messages
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "fixtures"
 PROBLEM = {"problem": "What is 6 * 7?", "answer": "42"}
 FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05}
 

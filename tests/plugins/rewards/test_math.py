@@ -21,7 +21,7 @@ from rstar_plugins.rewards import MathReward
 from rstar_plugins.rewards.math_reward import REASONS
 from rstar_plugins.rewards.pool import VerifierPool
 
-CASES_PATH = Path(__file__).parent / "data" / "reward_cases.jsonl"
+CASES_PATH = Path(__file__).resolve().parents[2] / "fixtures" / "reward_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
 
 

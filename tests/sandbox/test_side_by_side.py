@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sandbox_side_by_side.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sandbox_side_by_side.py"
 
 
 def test_two_sides_run_together_and_the_ratio_is_reported() -> None:
