@@ -376,3 +376,24 @@ def test_a_batch_with_every_group_dropped_keeps_the_step_number(sg, tmp_path):
     steps = [json.loads(row)["metadata"]["step"] for row in (tmp_path / "trajectories.jsonl").open()]
     assert steps == [1] * 32
     assert generator.trajectory_log.step == 1
+
+
+def test_plain_grpo_groups_with_a_system_failure_are_never_trained_on_either(sg, monkeypatch):
+    """With ``sampler: grpo`` and ``oversample: 1`` the generator passes OpenRLHF's groups through without a
+    sampler; a group with an env_error episode is still left out whole."""
+    ours, _ = sg
+
+    def exp(prompt, end):
+        info = {k: torch.tensor([1.0]) for k in ours.SUMMARY_KEYS} | {f"end_{end}": torch.tensor([1.0])}
+        return SimpleNamespace(prompts=[prompt], rewards=torch.tensor([1.0]), info=info)
+
+    run = load_config({"sampler": "grpo", "trainer": {"backend": "openrlhf", "group_size": 2, "oversample": 1}})
+    args = SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=2))
+    generator = ours.RocSamplesGenerator(SimpleNamespace(args=args), [], None, None, [], run_config=run)
+    ok, failed = [exp("a", "answer"), exp("a", "max_turns")], [exp("b", "answer"), exp("b", "env_error")]
+    monkeypatch.setattr(generator, "_generate_queued", lambda *a, **k: (ok + failed, 2, False))
+
+    experiences, consumed, exhausted = generator._generate_vllm(iter(()), 2, None)
+
+    assert experiences == ok and (consumed, exhausted) == (2, False)
+    assert ours.without_failed_groups(failed + ok, 2) == (ok, 1)

@@ -105,6 +105,26 @@ class GroupStats:
         return self.dropped / self.groups if self.groups else 0.0
 
 
+def system_failed(group: Sequence[Any]) -> bool:
+    """Whether an episode of ``group`` ended in a failure of the system (``env_error``, ``policy_error``): not the
+    model's doing, so the group is never trained on (its other episodes' advantages would be relative to it)."""
+    return any(_scalar(e.info.get(f"end_{reason}", 0.0)) for e in group for reason in SYSTEM_FAILURES)
+
+
+def without_failed_groups(experiences: Sequence[Any], group: int) -> tuple[list[Any], int]:
+    """``experiences`` (whole groups of ``group``, consecutive) less the groups :func:`system_failed` names, and
+    how many groups were dropped."""
+    kept: list[Any] = []
+    dropped = 0
+    for start in range(0, len(experiences), group):
+        members = experiences[start : start + group]
+        if system_failed(members):
+            dropped += 1
+        else:
+            kept.extend(members)
+    return kept, dropped
+
+
 def select_groups(
     experiences: Sequence[Any], *, rollouts_per_prompt: int, keep: int, sampler: Any, rng: np.random.Generator
 ) -> tuple[list[Any], GroupStats]:
@@ -128,7 +148,7 @@ def select_groups(
         if len(prompts) != 1:
             raise ValueError(f"rollouts {start}..{start + rollouts_per_prompt - 1} mix prompts: not one group")
         stats.groups += 1
-        if any(_scalar(e.info.get(f"end_{reason}", 0.0)) for e in group for reason in SYSTEM_FAILURES):
+        if system_failed(group):
             stats.dropped += 1  # the system failed an episode (env_error): never trained on, the group left whole
             continue
         chosen = checked_select(sampler, [_Record.from_experience(e) for e in group], keep, rng)
@@ -370,8 +390,14 @@ class RocSamplesGenerator(_BaseSamplesGenerator):  # type: ignore[misc, valid-ty
             self._evaluating = False
 
     def _generate_vllm(self, dataloader_iter: Any, num_prompts: int, dynamic_filtering: Any, **generate_kwargs: Any):
-        if self._evaluating or (self.settings.oversample == 1 and self.sampler.name == "grpo"):
+        if self._evaluating:
             return self._generate_queued(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        if self.settings.oversample == 1 and self.sampler.name == "grpo":  # OpenRLHF's own GRPO groups, as they come
+            experiences, consumed, exhausted = self._generate_queued(
+                dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs
+            )
+            experiences, _ = without_failed_groups(experiences, self.settings.rollouts_per_prompt)
+            return experiences, consumed, exhausted
         keep = self.settings.group_size
         rollouts = self.settings.rollouts_per_prompt
         generate_kwargs = {**generate_kwargs, "n_samples_per_prompt": rollouts}
