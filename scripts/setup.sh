@@ -106,7 +106,7 @@ if [[ $dev -eq 1 ]]; then
     # a stand-in where vLLM is absent), so only what those code paths import.
     pip_install --no-deps "openrlhf==0.11.2"
     pip_install "pylatexenc==2.11" "aiohttp==3.14.5"
-    # OpenRLHF's real train_ppo_ray on the CPU (tests/test_openrlhf_e2e.py): DeepSpeed (its cpu accelerator) and
+    # OpenRLHF's real train_ppo_ray on the CPU (tests/trainers/openrlhf/test_e2e.py): DeepSpeed (its cpu accelerator) and
     # what OpenRLHF's trainer modules import. The tested set is scripts/openrlhf-constraints.txt.
     pip_install "deepspeed==0.19.6" "peft==0.18.1" "torchdata==0.11.0"
     # The example plugin package: its tests (examples/tests) run with the suite, through its real entry point.

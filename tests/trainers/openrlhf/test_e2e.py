@@ -56,7 +56,7 @@ from rstar_env_testkit.cpu_standins import (  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CONFIG = REPO / "configs" / "openrlhf_cpu_e2e.yaml"
 G = 2
 JOB_TIMEOUT_S = 900  # a launch took 5-7 min on 2 cores at a load average of 6-12; a DeepSpeed JIT build adds 2+

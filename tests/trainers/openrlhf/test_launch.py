@@ -17,7 +17,7 @@ from rstar_trainers.openrlhf import launch
 from rstar_trainers.openrlhf.cli_args import OpenRLHFArgsError, check_args, openrlhf_parser
 from rstar_trainers.openrlhf.config import trainer_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 RL_STAGES = {"stage1_8k": 8192, "stage2_12k": 12288, "stage3_hard": 12288}
 
 
@@ -173,7 +173,7 @@ def test_tested_versions_match_the_constraints_file_and_differences_are_reported
 
     from rstar_trainers.openrlhf.versions import TESTED, version_warnings
 
-    lines = (Path(__file__).resolve().parents[1] / "scripts" / "openrlhf-constraints.txt").read_text().splitlines()
+    lines = (Path(__file__).resolve().parents[3] / "scripts" / "openrlhf-constraints.txt").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
     assert pins == TESTED
     assert version_warnings({**TESTED, "torch": "2.13.0+cpu"}) == []

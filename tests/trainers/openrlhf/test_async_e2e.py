@@ -1,5 +1,5 @@
 """OpenRLHF's async trainer with our generator, end to end on the CPU with a real vLLM engine (the set-up of
-``test_openrlhf_e2e.py``: its stand-ins, its scripted rollouts, its evidence), and partial rollouts.
+``test_e2e.py``: its stand-ins, its scripted rollouts, its evidence), and partial rollouts.
 
 ``test_async_trains_tags_versions_and_resumes_without_losing_the_queue``: ``async_train: true`` with TIS
 (``tis_cap``) on 3 prompts, one per step. The first launch is killed as soon as the step-2 checkpoint exists, while
@@ -25,8 +25,8 @@ import pytest
 from rstar_env_testkit.cpu_standins import READBACK, SITECUSTOMIZE, read_evidence
 
 # The shared set-up: skips without OpenRLHF, DeepSpeed or peft; marks slow and vllm.
-from . import test_openrlhf_e2e as e2e
-from .test_openrlhf_e2e import checksums_of_saved, launch, start_cluster, step_logs, write_config
+from . import test_e2e as e2e
+from .test_e2e import checksums_of_saved, launch, start_cluster, step_logs, write_config
 
 exported_model = e2e.exported_model  # the fixture: SmolLM2 as a Hugging Face directory
 
@@ -108,7 +108,7 @@ def test_async_trains_tags_versions_and_resumes_without_losing_the_queue(tmp_pat
 
 
 WAIT_FOR_SYNC = r"""
-# Added by tests/test_openrlhf_async_e2e.py: a tool call after the first one waits in the env until the engine of
+# Added by tests/trainers/openrlhf/test_async_e2e.py: a tool call after the first one waits in the env until the engine of
 # this process holds a newer policy version, so that its episode spans a weight sync (partial rollouts).
 import asyncio
 import time

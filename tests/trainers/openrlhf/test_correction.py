@@ -27,12 +27,12 @@ from rstar_trainers.local.trainer import Sample, tis_weights  # noqa: E402
 from rstar_trainers.openrlhf.config import trainer_config  # noqa: E402
 from rstar_trainers.openrlhf.launch import rl_flags  # noqa: E402
 
-from .test_openrlhf_agent import ANSWER, TOOL_CALL, experience_of, make_script, run_config, sampling  # noqa: E402
+from .test_agent import ANSWER, TOOL_CALL, experience_of, make_script, run_config, sampling  # noqa: E402
 
 CAP = 1.2  # e^0.3 = 1.35 is capped, e^-0.1 = 0.905 is not
 UP, DOWN = 0.3, -0.1
 ADVANTAGES = (1.0, -0.5)
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Policy versions for OpenRLHF's async trainer and partial rollouts, without Ray or vLLM: the engine's version tag,
 each generated token's version (also when a weight sync lands in the middle of a turn), the staleness of a batch,
-and groups that span versions. ``test_openrlhf_async_e2e.py`` runs the same code in OpenRLHF's real async trainer."""
+and groups that span versions. ``test_async_e2e.py`` runs the same code in OpenRLHF's real async trainer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from rstar_trainers.openrlhf import policy_version as pv  # noqa: E402
 
-from .test_openrlhf_agent import ANSWER, TOOL_CALL, make_script, run_config, sampling  # noqa: E402
+from .test_agent import ANSWER, TOOL_CALL, make_script, run_config, sampling  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
