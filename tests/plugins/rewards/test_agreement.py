@@ -1,6 +1,6 @@
-"""The ``math`` reward against the labelled set ``tests/fixtures/verifier_cases.jsonl`` (cases written from the documented
-behaviour of Math-Verify's test suite, the Qwen2.5-Math grader and verl's prime_math, plus this project's corner
-cases), side by side with math-verify called directly with its defaults (``verify(parse(gold), parse(pred))``).
+"""The ``math`` reward against the labelled set ``tests/fixtures/verifier_cases.jsonl`` (cases written from the
+documented behaviour of Math-Verify's test suite, the Qwen2.5-Math grader and verl's prime_math, plus this project's
+corner cases), side by side with math-verify called directly with its defaults (``verify(parse(gold), parse(pred))``).
 
 The acceptance measure is on the held-out part, never used to tune the reward: at least as many agreements as
 math-verify, at least 97%, and no false accept that math-verify avoids. ``rstar-env bench reward`` prints the same

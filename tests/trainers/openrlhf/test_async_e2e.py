@@ -108,8 +108,8 @@ def test_async_trains_tags_versions_and_resumes_without_losing_the_queue(tmp_pat
 
 
 WAIT_FOR_SYNC = r"""
-# Added by tests/trainers/openrlhf/test_async_e2e.py: a tool call after the first one waits in the env until the engine of
-# this process holds a newer policy version, so that its episode spans a weight sync (partial rollouts).
+# Added by tests/trainers/openrlhf/test_async_e2e.py: a tool call after the first one waits in the env until the
+# engine of this process holds a newer policy version, so that its episode spans a weight sync (partial rollouts).
 import asyncio
 import time
 
