@@ -134,8 +134,11 @@ class _Session:
     context: Any = None
 
 
-def _crashed(message: str, start: float, stdout: str = "", stderr: str = "") -> ExecResult:
-    return ExecResult(stdout, stderr, "crash", message, time.monotonic() - start)
+def _crashed(message: str, start: float, stdout: str = "", stderr: str = "", *, system: bool = True) -> ExecResult:
+    """A ``crash``: by default a failure of the service (no VM, a lost connection or context, a VM that died
+    between calls), which the python tool never shows to the model (``ExecResult.system_failure``); ``system=False``
+    where the model's own code may have caused it."""
+    return ExecResult(stdout, stderr, "crash", message, time.monotonic() - start, system_failure=system)
 
 
 class E2BSandbox(_remote_loop.LoopSandbox):
@@ -496,7 +499,7 @@ class E2BSandbox(_remote_loop.LoopSandbox):
                     elif failure.kind == "lost":
                         self._spawn(self._check_alive(vm))
                     if failure.kind == "killed":  # the code may have killed it: do not run it again
-                        return _crashed(f"the E2B sandbox died during the call ({failure})", start)
+                        return _crashed(f"the E2B sandbox died during the call ({failure})", start, system=False)
                     if failure.kind == "other":
                         return _crashed(f"E2B call failed: {failure}", start)
                     attempt += 1

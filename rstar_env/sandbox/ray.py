@@ -259,6 +259,7 @@ class RaySandbox(_remote_loop.LoopSandbox):
                     "crash",
                     "the Ray actor that held this session died; its state is lost",
                     time.monotonic() - start,
+                    system_failure=True,  # the actor hosts a sandboxed pool: the model's code cannot end it
                 )
             if state.actor is None:
                 state.actor = await self._any_actor()
@@ -341,7 +342,9 @@ class RaySandbox(_remote_loop.LoopSandbox):
         finally:
             for item in items:
                 if not item.future.done():
-                    item.future.set_result(ExecResult("", "", "crash", why, time.monotonic() - start))
+                    item.future.set_result(
+                        ExecResult("", "", "crash", why, time.monotonic() - start, system_failure=True)
+                    )
 
 
 def _init_ray(ray: Any, options: dict[str, Any]) -> None:

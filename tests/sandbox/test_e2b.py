@@ -189,6 +189,7 @@ def test_a_dropped_connection_crashes_a_session_which_then_starts_fresh(
 
     first, dropped, after = run(scenario())
     assert first.ok and dropped.status == "crash" and "state is lost" in (dropped.message or "")
+    assert dropped.system_failure  # the service lost it: never shown to the model, never its tool error
     assert (after.status, after.message) == ("exception", "NameError: name 'x' is not defined")
 
 
@@ -243,7 +244,7 @@ def test_a_session_on_a_dead_sandbox_reports_lost_state_once(server: CodeInterpr
         return [await box.execute(code, session="ep") for code in ("y", "y", "y = 2\ny")]
 
     lost, fresh, again = run(scenario())
-    assert lost.status == "crash" and "state is lost" in (lost.message or "")
+    assert lost.status == "crash" and "state is lost" in (lost.message or "") and lost.system_failure
     assert (fresh.status, fresh.message) == ("exception", "NameError: name 'y' is not defined")
     assert again.stdout == "2\n"
 
@@ -268,6 +269,7 @@ def test_a_kernel_that_dies_is_crashed(make: Any) -> None:
 
     died, after, stateless = run(scenario())
     assert died.status == "crash" and stateless.status == "crash"
+    assert not died.system_failure and not stateless.system_failure  # the model's code ended its kernel
     assert (after.status, after.message) == ("exception", "NameError: name 'z' is not defined")
 
 

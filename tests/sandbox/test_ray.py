@@ -123,9 +123,9 @@ def test_an_actor_killed_mid_load(make: Any) -> None:
     results, (fresh, after), lost, kept = run(scenario())
     statuses = sorted(r.status for r in results)
     assert statuses == ["crash"] * 4 + ["ok"] * 4  # 4 calls went to each actor
-    assert all("died" in (r.message or "") for r in results if r.status == "crash")
+    assert all("died" in (r.message or "") and r.system_failure for r in results if r.status == "crash")
     assert all(r.stdout == "done\n" for r in results if r.ok)
-    assert lost.status == "crash" and "state is lost" in (lost.message or "")
+    assert lost.status == "crash" and "state is lost" in (lost.message or "") and lost.system_failure
     assert kept.stdout == "'survivor'\n"
     assert (fresh.status, fresh.message) == ("exception", "NameError: name 'mine' is not defined")
     assert after.stdout == "after\n"
