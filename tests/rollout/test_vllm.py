@@ -167,7 +167,10 @@ def test_same_seed_same_tokens_whatever_runs_beside(policy):
     others = [_request(_prompt(policy.tokenizer, f"What is {n} + {n}?"), seed=n) for n in range(6)]
     together = asyncio.run(policy.generate([*others, _request(ids, seed=7)]))[-1]
     assert together.token_ids == alone.token_ids
-    assert together.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    # The same draws; the log-probs to float32 rounding of another batch shape. On this 2-core AVX2 CPU a batch of 7
+    # rounds the last bits differently from a batch of 1: up to 2.0e-5 on values of -2 to -4.6 (tens of ulps), the
+    # same with the code before this bound was set (it was 1e-5, measured on another CPU).
+    assert together.logprobs == pytest.approx(alone.logprobs, abs=5e-5)
     assert _generate(policy, ids, seed=8).token_ids != alone.token_ids
 
 
