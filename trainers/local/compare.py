@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from statistics import fmean, pstdev, stdev
+from statistics import NormalDist, fmean, pstdev, stdev
 from typing import Any
 
 from rstar_env.config import RunConfig
@@ -411,7 +411,10 @@ def seeds_to_settle(differences: Sequence[float], level: float = 0.95) -> int | 
 
     if clear(len(kept)):
         return None
-    n = len(kept)
+    # t's quantile is at least the normal one, so no n at or below (z * s / mean)^2 can clear: start the walk there
+    # (one bisection per step: from len(kept) a tiny mean would cost up to 100,000 of them).
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    n = max(len(kept), min(100_000, math.floor((z * spread / abs(mean)) ** 2)))
     while not clear(n) and n < 100_000:
         n += 1
     return n
