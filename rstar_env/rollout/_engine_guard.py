@@ -19,9 +19,11 @@ imports no third-party package and not ``rstar_env``: the tree walk comes from t
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,10 +49,15 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _is_engine_process(pid: int) -> bool:
+def _is_engine_process(pid: int) -> bool | None:
     """A process vLLM started: its title (``VLLM::...``, set once it runs) or, before that, a multiprocessing spawn
-    child (vLLM starts its engine core with ``spawn``). The resource tracker and anything else are left alone."""
+    child (vLLM starts its engine core with ``spawn``). The resource tracker and anything else are left alone.
+
+    None while it cannot be told yet: a child that has not finished ``execve`` shows an empty command line, or
+    still ours (forked, not yet exec'd)."""
     cmdline = _cmdline(pid)
+    if not cmdline or cmdline == _cmdline(os.getpid()):
+        return None if start_time(pid) is not None else False
     return cmdline.startswith(b"VLLM::") or b"spawn_main" in cmdline
 
 
@@ -106,12 +113,25 @@ class EngineGuard:
             return
         from rstar_env import proctree
 
-        before = set(proctree.children("self"))
-        stop = threading.Event()
+        decided = set(proctree.children("self"))  # there before the block: not ours to guard
 
-        def scan() -> None:
-            new = [p for p in proctree.children("self") if p not in before and _is_engine_process(p)]
-            self.register([p for root in new for p in (root, *proctree.descendants(root))])
+        def scan() -> bool:
+            """Register new engine processes; False while some new child cannot be told yet."""
+            engines, settled = [], True
+            for pid in proctree.children("self"):
+                if pid in decided:
+                    continue
+                verdict = _is_engine_process(pid)
+                if verdict is None:
+                    settled = False
+                    continue
+                decided.add(pid)
+                if verdict:
+                    engines.append(pid)
+            self.register([p for root in engines for p in (root, *proctree.descendants(root))])
+            return settled
+
+        stop = threading.Event()
 
         def poll() -> None:
             while not stop.wait(every_s):
@@ -124,7 +144,11 @@ class EngineGuard:
         finally:
             stop.set()
             poller.join()
-            scan()
+            # A child started just before the block ended may still be inside execve: wait for it to show what
+            # it is, briefly (an exec takes milliseconds; one stuck for seconds is not an engine starting).
+            deadline = time.monotonic() + 5.0
+            while not scan() and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close the pipe: the guardian kills what is left of the registered processes and exits."""
