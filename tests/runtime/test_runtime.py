@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,8 +43,35 @@ def test_rstar_env_and_its_plugins_have_one_fork_hook_the_runtimes_besides_the_s
     # rstar_env (so without the runtime), blocks its PID-1 signal handlers around a fork of user code.
     files = sorted(hook.rsplit(":", 1)[0] for hook in hooks)
     assert files == ["rstar_env/runtime/__init__.py", "rstar_env/sandbox/_pidns.py"], hooks
-    assert "import rstar_env" not in (Path(rstar_env.__file__).parent / "sandbox" / "_pidns.py").read_text()
     assert _fork_hooks(Path(__file__).parent) == []  # the finder sees nothing where there is nothing
+
+
+_LOAD_WITHOUT_RSTAR_ENV = """\
+import importlib, importlib.abc, json, sys, types
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "rstar_env":
+            raise ImportError(f"rstar_env is not importable here ({name})")
+
+sys.meta_path.insert(0, Refuse())
+directory, modules = sys.argv[1], sys.argv[2:]
+pkg = types.ModuleType("_rstar_sandbox"); pkg.__path__ = [directory]; sys.modules["_rstar_sandbox"] = pkg
+loaded = [importlib.import_module("_rstar_sandbox." + m).__name__ for m in modules]
+print(json.dumps({"loaded": loaded, "rstar_env": sorted(m for m in sys.modules if m.split(".")[0] == "rstar_env")}))
+"""
+
+
+def test_the_sandbox_modules_load_without_rstar_env() -> None:
+    """The zygote and its workers (the fork hook in ``_pidns`` among them) load the sandbox modules as a package of
+    their own, with no ``rstar_env``: loaded that way with ``rstar_env`` unimportable, every one of them imports."""
+    from rstar_env.sandbox._spawn import PACKAGE_DIR, SANDBOX_MODULES
+
+    command = [sys.executable, "-I", "-c", _LOAD_WITHOUT_RSTAR_ENV, PACKAGE_DIR, *SANDBOX_MODULES]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "_pidns" in SANDBOX_MODULES
+    assert json.loads(done.stdout) == {"loaded": [f"_rstar_sandbox.{m}" for m in SANDBOX_MODULES], "rstar_env": []}
 
 
 class _Probe:
