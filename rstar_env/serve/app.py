@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +28,7 @@ from rstar_env import __version__
 from rstar_env.runtime import runtime
 from rstar_env.serve.fair import FairGate
 from rstar_env.serve.guard import Guard, check_bind, is_loopback
+from rstar_env.serve.limits import Limits
 from rstar_env.serve.net import header_protocol, raise_open_files, redact_logs
 from rstar_env.serve.resources import Resources
 from rstar_env.serve.sessions import Sessions
@@ -40,47 +41,11 @@ READY_LINE = "rstar-env serve: listening on http://{host}:{port}"
 log = logging.getLogger("rstar_env.serve")
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one caller may ask of a server, and what the server holds for all of them."""
-
-    max_sessions: int = 64
-    """Sessions of every kind together: /ws, /mcp sessions, HTTP episodes and /run_jupyter runs."""
-    max_request_bytes: int = 1 << 20
-    """One HTTP body or one WebSocket message."""
-    max_session_s: float | None = 3600.0
-    """Wall-clock life of one session of any kind (``None``: unlimited)."""
-    idle_timeout_s: float | None = 600.0
-    """How long a session may wait for its next message or request."""
-    drain_s: float = 10.0
-    """At shutdown, how long running requests may take to finish."""
-    max_jupyter_cells: int = 256
-    """Cells of one /run_jupyter request."""
-    call_slots: int | None = None
-    """/run_code (and, separately, /verify) calls running at once; more wait their turn, fair per client.
-    ``None``: half the sandbox pool's workers for /run_code (the rest stay free for episodes' tool calls), twice
-    the CPUs for /verify."""
-    max_calls_per_client: int | None = None
-    """/run_code (and /verify) calls one client may have running at once (``None``: up to ``call_slots``)."""
-    max_connections: int = 8192
-    """Open connections (and running requests) before new ones get 503 (uvicorn's ``limit_concurrency``)."""
-    backlog: int = 8192
-    """Connections the kernel queues before the server accepts them (bounded by ``net.core.somaxconn``)."""
-    read_timeout_s: float = 10.0
-    """How long a request's headers, and then its body, may take to arrive."""
-    keep_alive_s: float = 5.0
-    """How long an idle HTTP connection stays open for its next request."""
-    allowed_hosts: tuple[str, ...] = ()
-    """Host names answered besides the loopback names (``*``: any)."""
-    allowed_origins: tuple[str, ...] = ()
-    """Browser origins allowed besides loopback ones (``*``: any)."""
-
-
 def build_app(
     resources: Resources,
     routes: Iterable[str] = ROUTES,
     *,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(),  # noqa: B008 (a frozen dataclass: one shared default is safe)
     token: str | Mapping[str, str] | None = None,
 ) -> Any:
     """The ASGI app: the chosen ``routes`` on ``resources``, behind the :class:`~rstar_env.serve.guard.Guard`.
@@ -157,7 +122,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     token: str | Mapping[str, str] | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(),  # noqa: B008 (a frozen dataclass: one shared default is safe)
     log_level: str = "warning",
 ) -> None:
     """Run the server until SIGTERM/SIGINT (see the module docstring). Refuses a non-loopback ``host`` without a

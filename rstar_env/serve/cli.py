@@ -12,6 +12,7 @@ import click
 from rstar_env._cli_util import fail, one_line
 from rstar_env.serve import SERVE_EXTRA_HINT
 from rstar_env.serve.guard import TOKEN_ENV, TOKEN_FILE_ENV, BindError, check_bind, resolve_token
+from rstar_env.serve.limits import Limits, limit_option
 
 
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,85 +49,18 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             help=f"File of tokens, one a line: TOKEN, or NAME TOKEN to give each client its own (fair queueing and "
             f"sessions go by name). Default: ${TOKEN_FILE_ENV}, then ${TOKEN_ENV}.",
         ),
-        click.option(
-            "--allow-origin",
-            multiple=True,
-            help="Browser origin (scheme://host[:port]) allowed besides loopback ones; repeat for several; '*': any.",
-        ),
-        click.option(
-            "--allow-host",
-            multiple=True,
-            help="Host header answered besides loopback names (default for a non-loopback --host: any); '*': any.",
-        ),
-        click.option(
-            "--max-sessions",
-            type=click.IntRange(min=1),
-            default=64,
-            show_default=True,
-            help="Sessions of every kind together: /ws, /mcp sessions, HTTP episodes, /run_jupyter runs.",
-        ),
-        click.option(
-            "--max-request-bytes",
-            type=click.IntRange(min=1024),
-            default=1 << 20,
-            show_default=True,
-            help="Largest HTTP body or WebSocket message.",
-        ),
-        click.option(
-            "--max-session-s",
-            type=click.FloatRange(min=0, min_open=True),
-            default=3600.0,
-            show_default=True,
-            help="Wall-clock life of one session of any kind.",
-        ),
-        click.option(
-            "--idle-timeout-s",
-            type=click.FloatRange(min=0, min_open=True),
-            default=600.0,
-            show_default=True,
-            help="How long a session or HTTP episode may wait for its next message.",
-        ),
-        click.option(
-            "--max-jupyter-cells",
-            type=click.IntRange(min=1),
-            default=256,
-            show_default=True,
-            help="Cells of one /run_jupyter request.",
-        ),
-        click.option(
-            "--call-slots",
-            type=click.IntRange(min=1),
-            default=None,
-            help="/run_code (and /verify) calls running at once, more wait their turn fairly per client "
-            "[default: half the sandbox pool's workers; twice the CPUs for /verify].",
-        ),
-        click.option(
-            "--max-calls-per-client",
-            type=click.IntRange(min=1),
-            default=None,
-            help="/run_code (and /verify) calls one client may have running at once [default: --call-slots].",
-        ),
-        click.option(
-            "--max-connections",
-            type=click.IntRange(min=16),
-            default=8192,
-            show_default=True,
-            help="Open connections before new ones are answered 503.",
-        ),
-        click.option(
-            "--read-timeout-s",
-            type=click.FloatRange(min=0, min_open=True),
-            default=10.0,
-            show_default=True,
-            help="How long a request's headers, then its body, may take to arrive.",
-        ),
-        click.option(
-            "--drain-s",
-            type=click.FloatRange(min=0),
-            default=10.0,
-            show_default=True,
-            help="On SIGTERM, how long running requests may take to finish.",
-        ),
+        limit_option("allowed_origins", "--allow-origin", multiple=True),
+        limit_option("allowed_hosts", "--allow-host", multiple=True),
+        limit_option("max_sessions", type=click.IntRange(min=1)),
+        limit_option("max_request_bytes", type=click.IntRange(min=1024)),
+        limit_option("max_session_s", type=click.FloatRange(min=0, min_open=True)),
+        limit_option("idle_timeout_s", type=click.FloatRange(min=0, min_open=True)),
+        limit_option("max_jupyter_cells", type=click.IntRange(min=1)),
+        limit_option("call_slots", type=click.IntRange(min=1)),
+        limit_option("max_calls_per_client", type=click.IntRange(min=1)),
+        limit_option("max_connections", type=click.IntRange(min=16)),
+        limit_option("read_timeout_s", type=click.FloatRange(min=0, min_open=True)),
+        limit_option("drain_s", type=click.FloatRange(min=0)),
         click.option(
             "--log-level",
             type=click.Choice(["critical", "error", "warning", "info", "debug"]),
@@ -145,21 +79,10 @@ def _run(
     port: int,
     token: str | None,
     token_file: str | None,
-    allow_origin: tuple[str, ...],
-    allow_host: tuple[str, ...],
-    max_sessions: int,
-    max_request_bytes: int,
-    max_session_s: float,
-    idle_timeout_s: float,
-    drain_s: float,
-    max_jupyter_cells: int,
-    call_slots: int | None,
-    max_calls_per_client: int | None,
-    max_connections: int,
-    read_timeout_s: float,
     log_level: str,
     model: str | None = None,
     dataset: str | None = None,
+    **limit_options: Any,
 ) -> None:
     try:
         tokens = resolve_token(token, token_file)
@@ -170,7 +93,7 @@ def _run(
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         fail(f"rstar-env serve needs packages that are not installed ({', '.join(missing)}); {SERVE_EXTRA_HINT}")
-    from rstar_env.serve.app import Limits, serve
+    from rstar_env.serve.app import serve
 
     try:
         from rstar_env.serve.resources import Resources
@@ -178,21 +101,8 @@ def _run(
         resources = Resources(config, model=model, dataset=dataset, load_dataset="env" in routes)
     except Exception as exc:
         fail(one_line("could not build the server's plugins", exc))
-    limits = Limits(
-        max_sessions=max_sessions,
-        max_request_bytes=max_request_bytes,
-        max_session_s=max_session_s,
-        idle_timeout_s=idle_timeout_s,
-        drain_s=drain_s,
-        max_jupyter_cells=max_jupyter_cells,
-        call_slots=call_slots,
-        max_calls_per_client=max_calls_per_client,
-        max_connections=max_connections,
-        backlog=max(max_connections, 4096),
-        read_timeout_s=read_timeout_s,
-        allowed_hosts=allow_host,
-        allowed_origins=allow_origin,
-    )
+    # Every option named after a Limits field is that field; the listen backlog follows the connection cap.
+    limits = Limits(**limit_options, backlog=max(limit_options["max_connections"], 4096))
     try:
         serve(resources, routes, host=host, port=port, token=tokens, limits=limits, log_level=log_level)
     except OSError as exc:  # the address is taken or cannot be bound
