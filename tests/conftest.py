@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -167,3 +168,35 @@ def tiny_llama() -> tuple[Any, Any]:
     )
     model = LlamaForCausalLM(config).eval()
     return model, tokenizer
+
+
+def _count_work(function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """``function(*args, **kwargs)`` and the work it did: the Python lines it ran plus the built-in functions it
+    called. A count, not a time: the same on an idle machine and a busy one, and a quadratic loop shows as a
+    quadratic count. (Work inside one built-in call, such as a regex scan, counts once.)"""
+    count = 0
+
+    def line(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        count += 1
+        return line
+
+    def builtin(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        count += event == "c_call"
+
+    previous = sys.gettrace(), sys.getprofile()
+    sys.settrace(line)
+    sys.setprofile(builtin)
+    try:
+        result = function(*args, **kwargs)
+    finally:
+        sys.settrace(previous[0])
+        sys.setprofile(previous[1])
+    return result, count
+
+
+@pytest.fixture
+def count_work() -> Callable[..., tuple[Any, int]]:
+    """Counts the work of a call (see :func:`_count_work`), for tests that bound a cost without a clock."""
+    return _count_work

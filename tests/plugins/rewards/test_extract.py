@@ -4,7 +4,6 @@ time whatever the response holds, off the event loop, and "answer too long" as a
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 
 import gymnasium as gym
@@ -71,35 +70,15 @@ def test_answer_blocks_match_the_lazy_regex() -> None:
 
 
 # -- linear time -----------------------------------------------------------------------------------------------------
-def _work(text: str) -> int:
-    """The Python lines run and the built-in functions called while the answer is located and extracted: a count
-    of the work done, the same on an idle machine and a busy one (a quadratic loop shows as a quadratic count)."""
-    count = 0
-
-    def line(frame, event, arg):
-        nonlocal count
-        count += 1
-        return line
-
-    def builtin(frame, event, arg):
-        nonlocal count
-        count += event == "c_call"
-
-    previous = sys.gettrace(), sys.getprofile()
-    sys.settrace(line)
-    sys.setprofile(builtin)
-    try:
-        locate(text)
-        extract_answer(text)
-    finally:
-        sys.settrace(previous[0])
-        sys.setprofile(previous[1])
-    return count
+def _work(count_work, text: str) -> int:
+    _, located = count_work(locate, text)
+    _, extracted = count_work(extract_answer, text)
+    return located + extracted
 
 
 @pytest.mark.parametrize("unit", ["\\boxed{", "<answer>\\boxed{", "{" * 3 + "\\fbox ", "<answer>"])
-def test_extraction_is_linear(unit: str) -> None:
-    small, big = _work(unit * 2_000), _work(unit * 16_000)
+def test_extraction_is_linear(unit: str, count_work) -> None:
+    small, big = _work(count_work, unit * 2_000), _work(count_work, unit * 16_000)
     # 8x the text: linear work grows 8x at most (less where a fixed part does not grow), quadratic work 64x.
     assert big <= 9 * small, (small, big)
 
