@@ -39,9 +39,13 @@ def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: Ma
     answers = [tower(k) for k in range(5, 19)] + ["\\frac{x^2-1}{x-1}"]
     golds = ["5"] * 14 + ["x+1"]
 
+    ended: list[str] = []  # the golds, in the order their episodes ended
+
     async def episode(env: object, pred: str, gold: str, delay: float) -> object:
         await asyncio.sleep(delay)  # the correct answer is queued last, behind every slow one
-        return await aplay(env, [f"<answer>\\boxed{{{pred}}}</answer>"], problem="p", answer=gold)
+        trajectory = await aplay(env, [f"<answer>\\boxed{{{pred}}}</answer>"], problem="p", answer=gold)
+        ended.append(gold)
+        return trajectory
 
     async def run_all() -> list:
         return await asyncio.gather(
@@ -60,9 +64,9 @@ def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: Ma
     *slow, correct = outcomes
     assert correct[:2] == ("answer", 1.0), outcomes
     assert slow == [("answer", 0.0, "timeout")] * 14, outcomes  # scored 0 with their reason, never env_error
-    # First come, the correct answer waited 7 rounds of two slow answers at 2.5 s each (17.5 s, whatever the load);
-    # now it waits their probes (0.5 s each).
-    assert trajectories[-1].duration_s < 12, trajectories[-1].duration_s
+    # First come, the correct answer waited 7 rounds of two slow answers run to their timeouts, so it ended last;
+    # now it waits their probes, and ends before any of them (one round of slack, for a loaded machine).
+    assert ended.index("x+1") <= 2, ended
 
 
 def test_an_idle_pool_runs_a_slow_comparison_to_its_timeout() -> None:
@@ -73,7 +77,8 @@ def test_an_idle_pool_runs_a_slow_comparison_to_its_timeout() -> None:
         code, detail = pool.run(tower(5), True, "5")
         elapsed = time.monotonic() - start
     assert code == "timeout" and "took longer than" in detail, detail
-    assert 1.0 < elapsed < 2.5, elapsed
+    # Ran to its 1.5 s timeout, not cut at a probe (a load can only lengthen it); the upper bound only catches a hang.
+    assert 1.0 < elapsed < 30, elapsed
 
 
 def test_an_untried_comparison_overtakes_slow_ones_and_every_slow_one_ends_in_time() -> None:
@@ -83,17 +88,23 @@ def test_an_untried_comparison_overtakes_slow_ones_and_every_slow_one_ends_in_ti
         # One request each, as episodes score their answers.
         requests = [[(f"\\boxed{{{tower(k)}}}", "5")] for k in range(5, 9)] + [[("\\boxed{x+1}", "1+x")]]
         futures = [future for request in requests for future in pool.submit(request)]
-        done_at: dict[int, float] = {}
+        order: list[int] = []
         for i, future in enumerate(futures):
-            future.add_done_callback(lambda _, i=i: done_at.__setitem__(i, time.monotonic() - start))
-        verdicts = [future.result(timeout=30) for future in futures]
-        time.sleep(0.05)  # the done callbacks run in the dispatcher thread
+            future.add_done_callback(lambda _, i=i: order.append(i))
+        verdicts = [future.result(timeout=60) for future in futures]
+        elapsed = time.monotonic() - start
+        for _ in range(300):  # the done callbacks run in the dispatcher thread (30 s at most: a hang guard)
+            if len(order) == len(futures):
+                break
+            time.sleep(0.1)
     *slow, fast = verdicts
     assert fast == ("verified", ""), verdicts
-    # Behind 4 slow answers it waited their probes (~0.25 s each), not their timeouts (4 x 1.2 s first-come).
-    assert done_at[4] < 3.0, done_at
+    # Behind 4 slow answers it waited their probes, not their timeouts (first come, it would have ended last).
+    assert order[0] == 4, order
     assert [code for code, _ in slow] == ["timeout"] * 4, verdicts
-    assert max(done_at[i] for i in range(4)) < pool.latency_s + 1.0, done_at
+    # Every slow one ended by the pool's deadline (latency_s, 6 s): the congestion verdicts below show the deadline
+    # acted; this bound only catches a hang.
+    assert elapsed < 60, elapsed
     # More slow answers than the worker had room for within latency_s: those end as congestion timeouts.
     assert any("while other answers waited" in detail for _, detail in slow), slow
 
