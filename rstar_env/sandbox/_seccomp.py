@@ -51,6 +51,8 @@ import ctypes
 import errno
 import os
 
+from . import _sysinfo
+
 CLONE_NEWTIME = 0x00000080  # unshare only: in clone's flags these bits are the exit signal
 CLONE_PARENT = 0x00008000
 CLONE_NEWNS = 0x00020000
@@ -140,13 +142,17 @@ same on every architecture, from the unified syscall table)."""
 """``fcntl`` commands refused with ``EPERM``: a lease or a directory notification tells of other workers' opens."""
 
 
-def build() -> CompiledFilter:
-    """The filter, built once in the zygote (each worker loads it with ``.load()``). Raises ImportError or OSError
-    (pyseccomp or libseccomp missing) or RuntimeError with the cause."""
+def build(answer_sysinfo: bool = True) -> CompiledFilter:
+    """The filter, built once in the zygote (each worker loads it with ``.load()``). ``answer_sysinfo``: hand
+    ``sysinfo`` to the zygote (see :mod:`._sysinfo`), so the filter needs a listener. Raises ImportError or
+    OSError (pyseccomp or libseccomp missing) or RuntimeError with the cause."""
     import pyseccomp as seccomp  # libseccomp is found when the module is imported
 
     refuse = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    notifies = answer_sysinfo and _sysinfo.SYSINFO_NR is not None
+    if notifies:
+        rules.add_rule(seccomp.NOTIFY, "sysinfo")
     for name in REFUSED:
         try:
             rules.add_rule(refuse, name)
@@ -181,7 +187,7 @@ def build() -> CompiledFilter:
     with os.fdopen(fd, "w+b") as exported:
         rules.export_bpf(exported)
         exported.seek(0)
-        return CompiledFilter(exported.read())
+        return CompiledFilter(exported.read(), notifies=notifies)
 
 
 class _SockFprog(ctypes.Structure):
@@ -197,21 +203,28 @@ _BPF_INSTRUCTION_BYTES = 8
 class CompiledFilter:
     """A BPF program ready to load; built in the zygote, loaded (inherited memory) in each forked worker."""
 
-    def __init__(self, program: bytes) -> None:
+    def __init__(self, program: bytes, notifies: bool = False) -> None:
         if not program or len(program) % _BPF_INSTRUCTION_BYTES:
             raise RuntimeError(f"libseccomp exported a malformed program ({len(program)} bytes)")
+        self.notifies = notifies
+        """It hands calls to a supervisor: :meth:`load` returns the listener to give it."""
         self._buffer = ctypes.create_string_buffer(program, len(program))
         self._prog = _SockFprog(len(program) // _BPF_INSTRUCTION_BYTES, ctypes.addressof(self._buffer))
         self._libc = ctypes.CDLL(None, use_errno=True)
 
-    def load(self) -> None:
-        """Install the filter on the calling thread (and what it starts). Raises OSError if the kernel refuses."""
+    def load(self) -> int | None:
+        """Install the filter on the calling thread (and what it starts); the listener's descriptor if it
+        :attr:`notifies` (the caller passes it on and closes it: whoever holds it answers the calls), else None.
+        Raises OSError if the kernel refuses."""
         args = (ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
         if self._libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), *args) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if self.notifies:
+            return _sysinfo.load_with_listener(self._prog)
         if self._libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog), 0, 0):
             errno_ = ctypes.get_errno()
             raise OSError(errno_, f"prctl(PR_SET_SECCOMP): {os.strerror(errno_)}")
+        return None
 
 
 def describe_missing(exc: BaseException) -> str:

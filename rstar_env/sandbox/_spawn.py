@@ -26,6 +26,7 @@ SANDBOX_MODULES = (
     "_hugepages",
     "_pidns",
     "_procview",
+    "_sysinfo",
 )
 """The modules of this directory that the zygote and its workers load (stdlib only). Under bubblewrap, copies of
 these files are all the sandbox holds of the package (:func:`._isolation.Isolation.command`)."""

@@ -172,8 +172,9 @@ def prepare(
     syscall_filter: Any = None,
     cgroup_namespace: bool = False,
     proc_files: dict[str, bytes] | None = None,
-) -> None:
-    """Turn this fresh process into a sandbox worker. Call before any user code, in the child.
+) -> int | None:
+    """Turn this fresh process into a sandbox worker. Call before any user code, in the child. Returns the syscall
+    filter's listener (see :meth:`._seccomp.CompiledFilter.load`), for the caller to pass on and close, or None.
 
     Makes it a subreaper (so daemons it starts stay in its tree), gives it its own session, its own IPC namespace
     and empty ``/tmp``, ``/dev/shm``, ``/dev/pts`` and ``/proc`` view (``private_mounts``), a private working
@@ -210,7 +211,8 @@ def prepare(
     if uid is not None or private_mounts:
         _limits.drop_privileges(uid, keep_read_search=keep_read_search)
     if syscall_filter is not None:
-        syscall_filter.load()
+        return syscall_filter.load()
+    return None
 
 
 def _fresh_main() -> dict[str, Any]:

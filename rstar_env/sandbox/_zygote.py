@@ -63,7 +63,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import _cgroup, _hugepages, _limits, _pidns, _proctree, _procview, _protocol, _seccomp, _worker
+from . import _cgroup, _hugepages, _limits, _pidns, _proctree, _procview, _protocol, _seccomp, _sysinfo, _worker
 
 SPARE_RETRY_S = 1.0
 """After a spare died before being used, wait this long before forking another (it would likely die too)."""
@@ -81,6 +81,10 @@ _NO_FREEZER = (
 _NO_PROC_VIEW = (
     ": sandboxed code reads the host's counters in /proc (meminfo, stat, loadavg, vmstat, pressure), where "
     "concurrent episodes' allocations, threads and forks show"
+)
+_NO_SYSINFO = (
+    ": sandboxed code sees the host's load, free memory and process count through it (os.sysconf, psutil), where "
+    "concurrent episodes' allocations and forks show; seccomp user notification needs Linux 5.0"
 )
 _NO_CGROUP_NAMESPACE = ": /proc/self/cgroup names the pool's cgroup path on the host, with the pool creator's pid"
 _NO_CGROUP = (
@@ -121,6 +125,8 @@ class _Worker:
     stops_asked: int = 0
     """Stops it asked for (see :meth:`Zygote.deliver_signal`) and that we have not seen yet."""
     signal: int | None = None
+    listener: int | None = None
+    """Its syscall filter's listener: the zygote answers its ``sysinfo`` calls (see :mod:`._sysinfo`)."""
     """Killed at its own request, for a signal whose default action the kernel would not give PID 1 of its
     namespace (see :mod:`._pidns`): reported as killed by this signal."""
 
@@ -217,8 +223,13 @@ class Zygote:
         self.syscall_filter: Any = None
         try:
             self.syscall_filter = _seccomp.build()
+            if self.syscall_filter.notifies and (error := _probe(self.syscall_filter.load)) is not None:
+                self.notes.append(f"sysinfo(2) answers with the host's load and free memory ({error}){_NO_SYSINFO}")
+                self.syscall_filter = _seccomp.build(answer_sysinfo=False)
         except Exception as exc:
             self.notes.append(_seccomp.describe_missing(exc))
+        self.sysinfo: _sysinfo.Supervisor | None = None
+        """Answers the workers' ``sysinfo`` calls, once the worker's view is known (see :meth:`run`)."""
         self.pid_ns: int | None = None
         """Our own PID namespace (a descriptor) when each worker is PID 1 of one of its own (see :mod:`._pidns`)."""
         if config.get("pid_namespace", True):
@@ -388,6 +399,13 @@ class Zygote:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.selector.register(self.control, selectors.EVENT_READ, ("control", 0))
         self.selector.register(wake_r, selectors.EVENT_READ, ("wake", 0))
+        if self.syscall_filter is not None and self.syscall_filter.notifies:
+            files = self.proc_files
+            if files is None:
+                with contextlib.suppress(OSError):
+                    files = _procview.render(self.limits.memory_mb)
+            memory = (self.limits.memory_mb or 0) << 20
+            self.sysinfo = _sysinfo.Supervisor(_sysinfo.answer(files or {}, memory))
         ready = {
             "op": "ready",
             "pid": self.pid,
@@ -428,6 +446,8 @@ class Zygote:
                     self.handle_link(pid)
                 elif kind == "chan":
                     self.handle_chan(pid)
+                elif kind == "sysinfo":
+                    self.answer_sysinfo(pid)
             now = time.monotonic()
             if now >= next_cpu_check:
                 self.check_cpu(now)
@@ -534,7 +554,7 @@ class Zygote:
             # Drop every descriptor of the zygote (control socket, other workers' links and channels).
             pidfd = self.pidfd
             _close_all_but({link, self.dispatch_fd} | ({pidfd} if pidfd is not None else set()))
-            _worker.prepare(
+            listener = _worker.prepare(
                 workdir,
                 self.env,
                 self.limits,
@@ -549,6 +569,11 @@ class Zygote:
                 cgroup_namespace=self.cgroup_namespace,
                 proc_files=self.proc_files,
             )
+            if listener is not None:
+                # The zygote answers the filter's sysinfo calls (see ._sysinfo); no copy stays with user code.
+                with socket.socket(fileno=os.dup(link)) as sock:
+                    _protocol.send_datagram(sock, {"op": "listener"}, [listener])
+                os.close(listener)
             # After prepare: a uid change clears the death signal. In a PID namespace of its own, our parent's pid
             # reads 0.
             _proctree.die_with_parent(0 if self.pid_ns is not None else self.pid, pidfd)
@@ -594,6 +619,9 @@ class Zygote:
             self.idle.discard(pid)
             return
         message, fds = received
+        if message.get("op") == "listener":
+            self.take_listener(pid, worker, fds)
+            return
         if worker.call is None:
             self.take_assignment(pid, worker, message, fds)
             return
@@ -612,6 +640,29 @@ class Zygote:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGSTOP)
         self.finish_call(pid, worker)
+
+    def take_listener(self, pid: int, worker: _Worker, fds: list[int]) -> None:
+        """The worker's filter listener, sent once, before it takes a call; anything else is tampering."""
+        if len(fds) != 1 or worker.listener is not None or worker.call is not None or self.sysinfo is None:
+            for fd in fds:
+                os.close(fd)
+            self.end(pid, "tamper")
+            return
+        worker.listener = fds[0]
+        self.selector.register(worker.listener, selectors.EVENT_READ, ("sysinfo", pid))
+
+    def answer_sysinfo(self, pid: int) -> None:
+        worker = self.workers.get(pid)
+        if worker is None or worker.listener is None or self.sysinfo is None:
+            return
+        if not self.sysinfo.handle(worker.listener):
+            self.drop_listener(worker)
+
+    def drop_listener(self, worker: _Worker) -> None:
+        if worker.listener is not None:
+            self.selector.unregister(worker.listener)
+            os.close(worker.listener)
+            worker.listener = None
 
     def deliver_signal(self, pid: int, worker: _Worker, sig: Any) -> None:
         """The default action of ``sig`` for a worker that is PID 1 of its namespace, which the kernel would not
@@ -815,6 +866,7 @@ class Zygote:
                 self.selector.unregister(worker.link)
                 worker.link.close()
                 worker.link = None
+        self.drop_listener(worker)
         died_unasked = worker.call is None and not clean_exit
         if died_unasked:
             self.refill_after = time.monotonic() + SPARE_RETRY_S  # a spare that dies unasked would again

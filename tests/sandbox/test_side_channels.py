@@ -185,10 +185,13 @@ COUNTERS = (
 )
 
 RECEIVER = """
-import hashlib, json, os, time
+import ctypes, hashlib, json, os, time
 paths = {paths!r}
+libc = ctypes.CDLL(None, use_errno=True)
 def sample():
     seen = {{}}
+    answer = ctypes.create_string_buffer(512)  # struct sysinfo, with room to spare
+    seen["sysinfo(2)"] = hashlib.sha256(answer.raw).hexdigest() if libc.sysinfo(answer) == 0 else "failed"
     for path in paths:
         try:
             with open(path, "rb") as f:
@@ -201,7 +204,7 @@ start = time.monotonic()
 while time.monotonic() - start < {seconds}:
     samples.append(sample())
     time.sleep(0.05)
-changed = sorted(p for p in paths if len({{s[p] for s in samples}}) > 1)
+changed = sorted(p for p in samples[0] if len({{s[p] for s in samples}}) > 1)
 print(json.dumps({{"start": start, "end": time.monotonic(), "samples": len(samples), "changed": changed}}))
 """
 
@@ -234,7 +237,9 @@ print(start, time.monotonic(), forks)
 def test_an_episode_cannot_read_another_episodes_activity_in_the_hosts_counters(sandbox: LocalSandbox) -> None:
     """Finding 42.2: while a sender allocated 200 MiB, started 48 threads and forked in a loop, a receiver in a
     concurrent call saw ``MemAvailable`` drop, the host's thread count rise and the fork counter climb. Now the
-    counters a worker can read are its own constants: byte for byte the same through the sender's pulse."""
+    counters a worker can read are its own constants: byte for byte the same through the sender's pulse, and so is
+    what ``sysinfo(2)`` answers (free memory, load and process count moved with the sender before the zygote
+    answered it)."""
 
     async def both() -> tuple[ExecResult, ExecResult]:
         receiver = sandbox.execute(RECEIVER.format(paths=COUNTERS, seconds=5.0))
@@ -281,8 +286,61 @@ def test_cpu_count_and_psutil_still_read_the_workers_view(sandbox: LocalSandbox)
     assert seen["cpu_count"] == os.cpu_count() and seen["psutil_cpus"] == os.cpu_count(), seen
     assert seen["affinity"] == len(os.sched_getaffinity(0)) and seen["per_cpu"] == os.cpu_count(), seen
     assert seen["total"] == MEMORY_MB << 20 and 0 < seen["available"] <= seen["total"], seen
-    # os.getloadavg() asks sysinfo(2), which a filter can refuse but not rewrite (docs/security.md): it still works.
-    assert seen["percent"] == 0.0 and len(seen["load"]) == 3 and seen["boot"], seen
+    assert seen["percent"] == 0.0 and seen["load"] == [0.0, 0.0, 0.0] and seen["boot"], seen
+
+
+SYSINFO = """
+import ctypes, json, os, threading
+class Sysinfo(ctypes.Structure):
+    _fields_ = [("uptime", ctypes.c_long), ("loads", ctypes.c_ulong * 3), ("totalram", ctypes.c_ulong),
+                ("freeram", ctypes.c_ulong), ("other", ctypes.c_ulong * 4), ("procs", ctypes.c_ushort),
+                ("pad", ctypes.c_ushort), ("high", ctypes.c_ulong * 2), ("mem_unit", ctypes.c_uint)]
+libc = ctypes.CDLL(None, use_errno=True)
+def ask():
+    info = Sysinfo()
+    status = libc.sysinfo(ctypes.byref(info))
+    return [status, info.uptime, list(info.loads), info.totalram, info.freeram, info.procs, info.mem_unit]
+seen = {"main": ask()}
+seen["bad_pointer"] = [libc.sysinfo(ctypes.c_void_p(8)), ctypes.get_errno()]
+threading.stack_size(256 << 10)
+answers = []
+threads = [threading.Thread(target=lambda: answers.append(ask())) for _ in range(16)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+seen["threads"] = answers
+r, w = os.pipe()
+if os.fork() == 0:
+    os.write(w, json.dumps(ask()).encode())
+    os._exit(0)
+os.wait()
+seen["child"] = json.loads(os.read(r, 4096))
+with open("/proc/uptime") as f:
+    seen["proc_uptime"] = int(float(f.read().split()[0]))
+page = os.sysconf("SC_PAGE_SIZE")
+seen["sysconf"] = [os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page]
+print(json.dumps(seen))
+"""
+
+
+def test_sysinfo_answers_with_the_workers_own_numbers(sandbox: LocalSandbox) -> None:
+    """``sysinfo(2)`` gave the host's load, free memory and process count (a channel, and the host's size). The
+    zygote now answers it for the kernel: the worker's budget, load 0, one process, the same for its threads and
+    forked children; a bad buffer gets ``EFAULT`` as from the kernel, and glibc's ``sysconf`` reads the budget."""
+    require_filter()
+    answers = []
+    for session in (None, "sysinfo"):
+        seen = json.loads(execute(sandbox, SYSINFO, session=session).stdout)
+        status, uptime, loads, total, free, procs, unit = seen["main"]
+        assert (status, loads, total, free, procs, unit) == (0, [0, 0, 0], MEMORY_MB << 20, MEMORY_MB << 20, 1, 1)
+        assert uptime == seen["proc_uptime"] > 0, seen  # what the worker's /proc/uptime says: fixed at pool start
+        answers.append(seen["main"])
+        assert seen["bad_pointer"] == [-1, errno.EFAULT], seen
+        assert len(seen["threads"]) == 16 and all(answer == seen["main"] for answer in seen["threads"]), seen
+        assert seen["child"] == seen["main"] and seen["sysconf"] == [MEMORY_MB << 20] * 2, seen
+    run(sandbox.close_session("sysinfo"))
+    assert answers[0] == answers[1]
 
 
 # ---------------------------------------------------------------------------------- 42.3: a cgroup namespace
