@@ -29,6 +29,9 @@ the worker's namespaces, or a channel to other episodes:
   asyncio-style readers do) keeps working. What is left is timing: a read of a cold page takes longer than one of
   a cached page (``rstar-env bench sandbox --workload pagecache`` measures it; docs/security.md has the figure).
 
+``sysinfo`` is handed to the zygote, which answers with the worker's own numbers (see :mod:`._sysinfo`): the
+host's free memory, load and process count would tell one episode of another's activity.
+
 File locks are a channel on shared files too (one worker holds a lock on ``__future__.py``, another tests it), but
 ordinary code needs them to succeed (``sqlite3`` locks its database): ``flock`` and ``fcntl``'s ``F_SETLK``,
 ``F_SETLKW``, ``F_OFD_SETLK`` and ``F_OFD_SETLKW`` return success without taking a lock. No sandboxed process
