@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, ClassVar
 
 import gymnasium
@@ -18,11 +17,29 @@ from rstar_env.trajectory import ToolResult
 
 
 class SleepTool:
+    """Waits (up to ``seconds``) until ``meet`` calls have arrived, and counts how many ran at once: calls that run
+    one at a time never meet, and the count says so without a clock."""
+
     name: ClassVar[str] = "sleep"
-    schema = function_schema("sleep", "Sleep.", {"seconds": {"type": "number"}}, ["seconds"])
+    schema = function_schema(
+        "sleep", "Sleep.", {"seconds": {"type": "number"}, "meet": {"type": "integer"}}, ["seconds"]
+    )
+    arrived: ClassVar[int] = 0
+    running: ClassVar[int] = 0
+    most_at_once: ClassVar[int] = 0
 
     async def call(self, arguments: dict[str, Any], episode: EpisodeContext) -> ToolResult:
-        await asyncio.sleep(arguments["seconds"])
+        cls = type(self)
+        cls.arrived += 1
+        cls.running += 1
+        cls.most_at_once = max(cls.most_at_once, cls.running)
+        try:
+            for _ in range(int(arguments["seconds"] * 100)):
+                if cls.arrived >= arguments.get("meet", 1):
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            cls.running -= 1
         return ToolResult(f"slept {arguments['seconds']}")
 
     async def close(self, episode: EpisodeContext) -> None:
@@ -56,11 +73,10 @@ def test_make_vec_shares_plugins(vec):
 
 def test_tool_calls_of_all_episodes_overlap(vec):
     vec.reset(options={"rows": ROWS})
-    start = time.perf_counter()
-    obs, _rewards, term, trunc, _infos = vec.step([tool_call("sleep", seconds=0.5)] * 16)
-    elapsed = time.perf_counter() - start
-    assert all("slept 0.5" in o for o in obs)
-    assert elapsed < 2.0, f"16 concurrent 0.5 s tool calls took {elapsed:.2f} s: they did not overlap"
+    SleepTool.arrived = SleepTool.most_at_once = 0
+    obs, _rewards, term, trunc, _infos = vec.step([tool_call("sleep", seconds=10, meet=16)] * 16)
+    assert all("slept 10" in o for o in obs)
+    assert SleepTool.most_at_once == 16, f"{SleepTool.most_at_once} of 16 tool calls ran at once"
     assert not term.any() and not trunc.any()
 
 
