@@ -322,19 +322,47 @@ class RunConfig(_Model):
         return value
 
 
-def validation_error_message(error: ValidationError, title: str, *, prefix: str = "") -> str:
+def validation_error_message(
+    error: ValidationError, title: str, *, prefix: str = "", model: type[BaseModel] | None = None
+) -> str:
     """A pydantic error as lines of ``key.path: what is wrong (got value)``; ``prefix`` roots the paths (a trainer
-    validates its own section: ``prefix="trainer."``)."""
+    validates its own section: ``prefix="trainer."``). Given the ``model`` that was validated, an unknown key is
+    answered with the known keys nearest its spelling."""
     lines = [title]
     for item in error.errors():
         where = prefix + ".".join(str(p) for p in item["loc"]) if item["loc"] else prefix.rstrip(".") or "(top level)"
         if item["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key (check its spelling against the config reference in README)")
+            near = _near_keys(model, item["loc"]) if model is not None else []
+            spelling = "check its spelling against the config reference in README"
+            fix = f"did you mean {' or '.join(map(repr, near))}? Else {spelling}" if near else spelling
+            lines.append(f"  {where}: unknown key ({fix})")
         else:
             got = item.get("input")
             shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
             lines.append(f"  {where}: {item['msg']}{shown}")
     return "\n".join(lines)
+
+
+def _near_keys(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys of the (sub)model that holds ``loc``'s last key, spelt nearest to it (at most two)."""
+    import difflib
+    import typing
+
+    for part in loc[:-1]:  # down the nested sections: cluster.vllm_num_engine -> ClusterConfig's keys
+        if isinstance(part, int):  # an item of a list section: its model is the list's
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        inner = [t for t in (field.annotation, *typing.get_args(field.annotation)) if _is_model(t)]
+        if not inner:
+            return []
+        model = inner[0]
+    return difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=2, cutoff=0.6)
+
+
+def _is_model(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -395,7 +423,7 @@ def load_config(
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_error_message(exc, f"invalid config {origin}:")) from None
+        raise ConfigError(validation_error_message(exc, f"invalid config {origin}:", model=RunConfig)) from None
     check_plugins(cfg, origin, registry=registry)
     return cfg
 

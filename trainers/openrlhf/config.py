@@ -18,7 +18,9 @@ section. Two stages share the backend:
 
 The RL hyperparameters (``group_size``, ``oversample``, ``prompts_per_step``, ``lr``, ``clip_low``, ``clip_high``,
 ``kl_coef``, ``entropy_coef``, ``temperature``, ``top_p``, ``max_response_tokens``...) are one model shared with
-the local trainer, :class:`~rstar_trainers.hyperparams.RLHyperparameters`.
+the local trainer, :class:`~rstar_trainers.hyperparams.RLHyperparameters`; the keys every trainer section shares
+(``backend``, ``stage``, ``model``, ``output_dir``, ``seed``, the sampling keys) are
+:class:`~rstar_env.config.TrainerSettings`, which both stages' models extend as the local trainer's do.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pydantic import (
     model_validator,
 )
 
-from rstar_env.config import ConfigError, RunConfig, validation_error_message
+from rstar_env.config import ConfigError, RunConfig, TrainerSettings, validation_error_message
 from rstar_trainers.hyperparams import RLHyperparameters
 
 DEFAULT_MODEL = "Qwen/Qwen3-14B-Base"
@@ -125,13 +127,17 @@ class CorrectionConfig(_Model):
         return self
 
 
-class OpenRLHFRLConfig(RLHyperparameters):
+class OpenRLHFRLConfig(RLHyperparameters, TrainerSettings):
     """GRPO-RoC on OpenRLHF. Each step rolls out ``group_size * oversample`` trajectories for each of
     ``prompts_per_step`` prompts, the sampler plugin keeps ``group_size`` of each group (or drops it), and
     OpenRLHF's ``group_norm`` estimator computes advantages on exactly the kept ``group_size``. The RL
     hyperparameters are :class:`~rstar_trainers.hyperparams.RLHyperparameters` (shared with the local trainer):
     ``group_size`` is OpenRLHF's ``--rollout.n_samples_per_prompt``, ``prompts_per_step`` its
-    ``--rollout.batch_size``."""
+    ``--rollout.batch_size``. The keys every trainer section shares are :class:`~rstar_env.config.TrainerSettings`:
+    its ``max_new_tokens`` is this trainer's ``max_new_tokens_per_turn`` (either name, one setting) and its
+    ``eval_temperature`` the ``eval`` section's ``temperature``."""
+
+    model_config = ConfigDict(extra="forbid")
 
     backend: Literal["openrlhf"] = "openrlhf"
     stage: Literal["rl"] = "rl"
@@ -181,7 +187,8 @@ class OpenRLHFRLConfig(RLHyperparameters):
     max_prompt_tokens: PositiveInt = 2048
     """The rendered prompt (system prompt with the tool schemas + problem)."""
     max_new_tokens_per_turn: PositiveInt | None = None
-    """Cap on one assistant turn; ``None``: a turn may use what the length budget leaves."""
+    """Cap on one assistant turn; ``None``: a turn may use what the length budget leaves. ``max_new_tokens`` (the
+    local trainer's name) sets the same cap."""
     stop: list[str] = Field(default_factory=list)
     """Extra stop strings; ``</tool_call>`` and the chat format's end-of-turn marker are always stop strings."""
 
@@ -211,6 +218,31 @@ class OpenRLHFRLConfig(RLHyperparameters):
         return self.max_prompt_tokens + self.max_response_tokens
 
     @model_validator(mode="after")
+    def _one_setting_per_name(self) -> OpenRLHFRLConfig:
+        # TrainerSettings' names for what this trainer also names its own way: one setting, never two meanings.
+        turn, given = self.max_new_tokens_per_turn, self.max_new_tokens
+        if turn is not None and given is not None and turn != given:
+            raise ValueError(
+                f"max_new_tokens ({given}) and max_new_tokens_per_turn ({turn}) are one setting (the cap on one "
+                "assistant turn) with two values: keep one of them"
+            )
+        self.max_new_tokens_per_turn = self.max_new_tokens = _first(turn, given)
+        if self.eval_temperature is not None:
+            if "temperature" in self.eval.model_fields_set and self.eval.temperature != self.eval_temperature:
+                raise ValueError(
+                    f"eval_temperature ({self.eval_temperature}) and eval.temperature ({self.eval.temperature}) are "
+                    "one setting with two values: keep one of them"
+                )
+            self.eval = self.eval.model_copy(update={"temperature": self.eval_temperature})
+        self.eval_temperature = self.eval.temperature
+        if self.eval_max_new_tokens is not None:
+            raise ValueError(
+                "eval_max_new_tokens is not read by the OpenRLHF trainer: its evaluation turns are capped by "
+                "max_new_tokens_per_turn; leave it unset (rstar-env eval --max-new-tokens sets it for a later eval)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check(self) -> OpenRLHFRLConfig:
         if self.group_size < 2:
             raise ValueError("group_size must be at least 2: group_norm advantages of a group of 1 are all 0")
@@ -233,6 +265,10 @@ class OpenRLHFRLConfig(RLHyperparameters):
         if self.tis_cap is not None:
             return CorrectionConfig(level="token", mode="clip", gating="ratio", threshold=[self.tis_cap])
         return self.is_correction
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 class OpenRLHFSFTConfig(_Model):
@@ -294,7 +330,7 @@ def trainer_config(run: RunConfig, **overrides: Any) -> OpenRLHFConfig:
         cfg = model.model_validate(data)
     except ValidationError as exc:
         title = "invalid trainer section for backend openrlhf:"
-        raise ConfigError(validation_error_message(exc, title, prefix="trainer.")) from None
+        raise ConfigError(validation_error_message(exc, title, prefix="trainer.", model=model)) from None
     if isinstance(cfg, OpenRLHFRLConfig):
         env = run.env
         if env.max_length is not None and (env.length_unit != "tokens" or env.max_length != cfg.max_response_tokens):
