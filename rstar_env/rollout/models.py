@@ -244,8 +244,9 @@ def ensure_copy(folder: Path, gguf: str, target: Path, *, overwrite: bool) -> Pa
     try:
         log.info("dequantizing %s once into %s (later loads read that)", folder / gguf, target)
         model, tokenizer = load_pretrained(folder, gguf)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        with without_library_bars():  # "Writing model shards" would land amid a run's first progress lines
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
         (staging / SOURCE_STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
         staging.chmod(0o755)
         _replace(staging, target)
