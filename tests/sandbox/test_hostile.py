@@ -29,7 +29,7 @@ from rstar_env.sandbox.local import LocalSandbox
 from .._forked import in_forked_child
 
 TIMEOUT_S = 1.0
-SLACK_S = 1.0
+SLACK_S = 20.0  # generous: catches a deadline that never fired, not a slow machine (statuses say which)
 SECRET_NAME, SECRET_VALUE = "RSTAR_TEST_FAKE_SECRET", "hunter2-" + uuid.uuid4().hex
 
 
@@ -354,8 +354,8 @@ print(len(seen), {SECRET_VALUE!r} in seen)
 
 def test_huge_output_is_cut_quickly_with_bounded_memory(sandbox: LocalSandbox) -> None:
     result = execute(sandbox, "import sys\nwhile True:\n    sys.stdout.write('x' * 10**6)")
+    # Cut by the output limit, not by the timeout: the status says which (no clock needed).
     assert result.status == "output_limit" and len(result.stdout) <= sandbox.max_output_bytes
-    assert result.duration_s < 0.5
     flood_err = execute(sandbox, "import os\nwhile True:\n    os.write(2, b'e' * 65536)")
     assert flood_err.status == "output_limit" and len(flood_err.stderr) <= sandbox.max_output_bytes
     assert_healthy(sandbox)
@@ -488,8 +488,8 @@ def test_cpu_budget_covers_the_whole_process_tree() -> None:
     )
     try:
         result = run(box.execute(code))
+        # Ended by the CPU budget, not by the 30 s wall-clock limit (that would be a "timeout"): the status says so.
         assert result.status == "crash" and "CPU time" in (result.message or ""), result
-        assert result.duration_s < 20.0, result  # long before the 30 s wall-clock limit
     finally:
         box.close()
 
@@ -764,7 +764,7 @@ def test_the_timeout_counts_from_the_start_and_the_wait_is_reported_apart(sandbo
 
 
 # ------------------------------------------------------------------------------- no head-of-line blocking (12.1)
-# Generous bounds: what they rule out is calls waiting for each other (4 s and 5 s below), not slowness.
+# Orders of events, not times: what they rule out is calls waiting for each other.
 
 
 @pytest.fixture(scope="module")
@@ -778,45 +778,58 @@ def default_sandbox() -> Iterator[LocalSandbox]:
     box.close()
 
 
-async def _timed(coro: Any, t0: float) -> tuple[ExecResult, float]:
-    result = await coro
-    return result, time.monotonic() - t0
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """How many of the (start, end) spans overlap at one instant: an order of events, whatever the machine's speed."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = running = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
 
 
 def test_sleeping_calls_overlap(default_sandbox: LocalSandbox) -> None:
-    async def scenario(session: bool) -> list[tuple[ExecResult, float]]:
-        t0 = time.monotonic()
-        calls = [
-            default_sandbox.execute("import time\ntime.sleep(0.5)", session=f"sleep-{i}" if session else None)
-            for i in range(16)
-        ]
-        return await asyncio.gather(*(_timed(c, t0) for c in calls))
+    # Each call reports when its code started and ended (the host's clock, read inside): compared, not measured.
+    code = "import time\nprint(time.time())\ntime.sleep(0.5)\nprint(time.time())"
+
+    async def scenario(session: bool) -> list[ExecResult]:
+        return await asyncio.gather(
+            *(default_sandbox.execute(code, session=f"sleep-{i}" if session else None) for i in range(16))
+        )
 
     for session in (False, True):
         done = run(scenario(session))
-        assert all(r.ok for r, _ in done), done
-        # Two at a time (one per core) would take 4 s.
-        assert max(t for _, t in done) < 2.5, (session, [round(t, 2) for _, t in done])
+        assert all(r.ok for r in done), done
+        spans = [tuple(float(x) for x in r.stdout.split()) for r in done]
+        # Two at a time (one per core) would be 2; all 16 at once is what happens on an idle machine.
+        assert _most_at_once(spans) > 4, (session, spans)
     for i in range(16):
         run(default_sandbox.close_session(f"sleep-{i}"))
 
 
 def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox) -> None:
-    async def scenario() -> list[tuple[ExecResult, float]]:
-        t0 = time.monotonic()
-        spinners = [default_sandbox.execute("while True:\n    pass", timeout_s=5.0) for _ in range(2)]
+    ended: list[str] = []
+
+    async def call(name: str, code: str, **kwargs: Any) -> ExecResult:
+        result = await default_sandbox.execute(code, **kwargs)
+        ended.append(name)
+        return result
+
+    async def scenario() -> list[ExecResult]:
+        spinners = [call("spinner", "while True:\n    pass", timeout_s=5.0) for _ in range(2)]
+        first = [asyncio.ensure_future(c) for c in spinners]
         await asyncio.sleep(0.05)  # the spinners hold their CPUs first
-        prints = [default_sandbox.execute(f"print({i})") for i in range(14)]
-        return await asyncio.gather(*(_timed(c, t0) for c in [*prints, *spinners]))
+        prints = [call("print", f"print({i})") for i in range(14)]
+        return await asyncio.gather(*prints, *first)
 
     done = run(scenario())
     prints, spinners = done[:14], done[14:]
-    assert [r.stdout for r, _ in prints] == [f"{i}\n" for i in range(14)]
-    # Queued behind the spinners' workers, the prints would finish after their 5 s timeout.
-    assert max(t for _, t in prints) < 2.5, [round(t, 2) for _, t in prints]
-    assert all(r.status == "timeout" for r, _ in spinners), spinners
+    assert [r.stdout for r in prints] == [f"{i}\n" for i in range(14)]
+    # Queued behind the spinners' workers, the prints would end after the spinners' 5 s timeout: they end first.
+    assert ended == ["print"] * 14 + ["spinner"] * 2, ended
+    assert all(r.status == "timeout" for r in spinners), spinners
     # A call's timeout counts from its start; the wait before it is reported apart.
-    assert all(r.duration_s < 5.0 + SLACK_S and r.queue_s >= 0 for r, _ in done)
+    assert all(r.duration_s < 5.0 + SLACK_S and r.queue_s >= 0 for r in done)
 
 
 # ------------------------------------------------------------------------ what a model could find and keep (round 3)
@@ -1266,11 +1279,9 @@ def test_a_forked_copy_of_the_pool_closed_in_the_child_leaves_the_parents_pool_r
             finally:
                 os._exit(status)
         assert os.waitpid(pid, 0)[1] == 0
-        started = time.monotonic()
         after = execute(box, "print(2)")
         assert (after.status, after.stdout) == ("ok", "2\n"), after
-        assert time.monotonic() - started < 5
-        assert box.pool._zygote is zygote and box.pool.restarts == 0
+        assert box.pool._zygote is zygote and box.pool.restarts == 0  # the same zygote served it: no restart
         if zygote.cgroup is not None:
             assert all(os.path.isdir(path) for path in zygote.cgroup.paths.values())
     finally:
@@ -1327,7 +1338,7 @@ def test_a_pool_whose_cgroup_was_removed_starts_afresh() -> None:
             _cgroup._remove_tree(path)
         started = time.monotonic()
         results = [execute(box, f"print({i})") for i in range(3)]
-        assert time.monotonic() - started < 15, results
+        assert time.monotonic() - started < 60, results  # only catches a hang: a wait for a worker that never comes
         # A call that met the old zygote may fail (as a crash, saying so); the last ones run on the new pool.
         assert [r.stdout for r in results[1:]] == ["1\n", "2\n"], results
         assert box.pool.restarts == 1 and box.pool._zygote is not zygote

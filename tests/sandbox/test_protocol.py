@@ -27,7 +27,9 @@ BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
 }
 TIMEOUT_S = 1.0
 """Per-call limit in this suite; a timed-out call must come back within TIMEOUT_S + SLACK_S."""
-SLACK_S = 1.0
+SLACK_S = 20.0
+"""Generous: it catches a deadline that never fired (the code under test runs for 100 s or forever), not a slow
+machine; the statuses say which limit ended a call."""
 
 
 def run(coro: Any) -> Any:
@@ -197,7 +199,7 @@ def test_output_limit(backend: str) -> None:
         assert flood.status == "output_limit"
         assert flood.message is not None and "10000" in flood.message
         assert 0 < len(flood.stdout) <= 10_000 and set(flood.stdout) <= {"x", "\n"}
-        assert flood.duration_s < TIMEOUT_S  # stopped as soon as the limit was crossed
+        # Stopped by the limit, not by the 1 s timeout: the status above says which (no clock needed).
         finished = execute(box, "print('y' * 20_000)")
         assert finished.status == "output_limit" and len(finished.stdout) <= 10_000
         assert execute(box, "print('small')").stdout == "small\n"
@@ -290,15 +292,16 @@ def test_usable_from_another_thread_and_loop(sandbox: Sandbox) -> None:
 
 
 def test_a_slow_call_does_not_block_others(sandbox: Sandbox) -> None:
-    async def scenario() -> tuple[ExecResult, list[ExecResult]]:
-        slow = asyncio.ensure_future(sandbox.execute("import time\ntime.sleep(0.8)\nprint('slow')"))
+    async def scenario() -> tuple[ExecResult, list[ExecResult], bool]:
+        slow = asyncio.ensure_future(sandbox.execute("import time\ntime.sleep(1.5)\nprint('slow')", timeout_s=30))
         await asyncio.sleep(0.05)
         fast = [await sandbox.execute("print('fast')") for _ in range(3)]
-        return await slow, fast
+        slow_was_done = slow.done()
+        return await slow, fast, slow_was_done
 
-    slow, fast = run(scenario())
+    slow, fast, slow_done_before_the_fast_ones = run(scenario())
     assert slow.stdout == "slow\n" and all(r.stdout == "fast\n" for r in fast)
-    assert all(r.duration_s < 0.8 for r in fast)
+    assert not slow_done_before_the_fast_ones  # an order of events: three calls ran while the slow one slept
 
 
 # --------------------------------------------------------------------------------------------------- lifecycle

@@ -74,19 +74,22 @@ def test_calls_made_together_are_batched(make: Any) -> None:
 def test_a_slow_call_does_not_hold_back_its_batch(make: Any) -> None:
     box = make(num_actors=1)
 
-    async def scenario() -> list[tuple[ExecResult, float]]:
-        start = time.monotonic()
+    ended: list[str] = []
 
-        async def timed(code: str) -> tuple[ExecResult, float]:
+    async def scenario() -> list[ExecResult]:
+        async def call(name: str, code: str) -> ExecResult:
             result = await box.execute(code)
-            return result, time.monotonic() - start
+            ended.append(name)
+            return result
 
-        return await asyncio.gather(timed("import time\ntime.sleep(1.5)\nprint('slow')"), timed("print('fast')"))
+        return await asyncio.gather(
+            call("slow", "import time\ntime.sleep(1.5)\nprint('slow')"), call("fast", "print('fast')")
+        )
 
-    (slow, slow_at), (fast, fast_at) = run(scenario())
+    slow, fast = run(scenario())
     assert box.stats["dispatches"] == 1  # same batch
     assert (slow.stdout, fast.stdout) == ("slow\n", "fast\n")
-    assert fast_at < 1.0 <= slow_at  # streamed back as each finished
+    assert ended == ["fast", "slow"]  # streamed back as each finished, not when the batch did
 
 
 def test_stateless_calls_spread_over_actors(make: Any) -> None:
@@ -114,7 +117,7 @@ def test_an_actor_killed_mid_load(make: Any) -> None:
         start = time.monotonic()
         ray.kill(victim.handle)
         results = await asyncio.gather(*calls)
-        assert time.monotonic() - start < 5.0
+        assert time.monotonic() - start < 60  # only catches a hang: the verdicts below say what happened
         lost = await box.execute("mine", session="on-victim")
         kept = await box.execute("mine", session="on-survivor")
         fresh = [await box.execute("mine", session="on-victim"), await box.execute("print('after')")]
