@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,6 +203,18 @@ def step_logs(text: str) -> dict[int, dict]:
     return steps
 
 
+def drop_checkpoints_a_resume_does_not_need(run: Path) -> list[str]:
+    """Removes every DeepSpeed checkpoint of ``run`` but the one ``latest`` names (a resume reads only that one);
+    each is about 1.6 GB for SmolLM2 (weights and Adam's two moments in float32), so a suite run stays small on
+    disk. Returns the names removed."""
+    actor = run / "checkpoints" / "_actor"
+    latest = (actor / "latest").read_text().strip()
+    dropped = sorted(path.name for path in actor.glob("global_step*") if path.name != latest)
+    for name in dropped:
+        shutil.rmtree(actor / name)
+    return dropped
+
+
 def checksums_of_saved(model_dir: Path, names: tuple[str, ...]) -> dict[str, float]:
     from safetensors import safe_open
 
@@ -298,6 +311,7 @@ def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, exported_model, ra
     rows = [json.loads(line) for line in (run / "trajectories.jsonl").open()]
     assert [r["metadata"]["step"] for r in rows] == [1] * 2 * G + [2] * 2 * G
     assert sum(r["metadata"]["kept"] for r in rows) == 2 * G
+    drop_checkpoints_a_resume_does_not_need(run)
 
     # A second launch (one more episode) resumes from global_step2 and goes on at step 3.
     second = launch(write_config(tmp_path, exported_model, num_episodes=2), ray_cluster, tmp_path / "run2.log")
@@ -321,3 +335,4 @@ def test_openrlhf_trains_two_roc_steps_then_resumes(tmp_path, exported_model, ra
     from rstar_env.rollout.hard import filter_hard
 
     assert filter_hard([run / "trajectories.jsonl"], tmp_path / "hard.jsonl")[0] == 2
+    shutil.rmtree(run / "checkpoints")  # gigabytes no assertion reads any more (tmp_path is kept on a failure)
