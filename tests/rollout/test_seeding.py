@@ -343,7 +343,8 @@ def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, ti
     model, tokenizer = tiny
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    run = tiny_run(tmp_path, reward="math", logprob_gap=False)  # an installed plugin: the children load it too
+    # An installed plugin, so the children load it too; "format" starts no verifier pool (as "math" would, per process).
+    run = tiny_run(tmp_path, reward="format", logprob_gap=False)
     settings = trainer_config(run, steps=1, prompts_per_step=1)
     results = {}
     for jobs in (1, 2):
@@ -441,7 +442,8 @@ def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path,
     model, tokenizer = tiny
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    run = tiny_run(tmp_path, reward="math", logprob_gap=False)  # an installed plugin: the children load it too
+    # An installed plugin, so the children load it too; "format" starts no verifier pool (as "math" would, per process).
+    run = tiny_run(tmp_path, reward="format", logprob_gap=False)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run.model_dump(mode="json", exclude_none=True)))
     out = tmp_path / "cmp"
