@@ -78,11 +78,16 @@ def run_block(block: Block, tmp_path: Path) -> None:
     script.write_text(block.code, encoding="utf-8")
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     if tests:
+        # The documented plugin alone (rstar_env.testing, whose fixtures the examples use), not every installed one:
+        # a user's run has them, but they only add start-up here.
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         command = [
             sys.executable,
             "-m",
             "pytest",
             "-q",
+            "-p",
+            "rstar_env.testing",
             "-p",
             "no:cacheprovider",
             "--rootdir",
