@@ -7,19 +7,23 @@ Turns can be scripted so the small model calls a tool on cue; scripted tokens ar
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sys
 import time
 from typing import Any, ClassVar
 
 import pytest
 
-pytest.importorskip("openrlhf.utils.agent")
-pytest.importorskip("torch")
-
 from rstar_env.config import load_config
 from rstar_env.plugins import register, unregister
 from rstar_env.tool import EpisodeContext, function_schema
 from rstar_env.trajectory import ToolResult
+
+# Looked up, not imported: importing OpenRLHF (torch, transformers, ...) at collection cost every pytest-xdist
+# worker seconds, for tests that run in one of them.
+for _package in ("openrlhf", "torch"):
+    if importlib.util.find_spec(_package) is None:
+        pytest.skip(f"{_package} is not installed (the openrlhf extra)", allow_module_level=True)
 
 TOOL_CALL = '<tool_call>\n{"name": "echo", "arguments": {"text": "forty-two"}}\n</tool_call>'
 SLOW_CALL = '<tool_call>\n{"name": "slow", "arguments": {"text": "zzz"}}\n</tool_call>'
