@@ -20,3 +20,12 @@ from rstar_env.config import ConfigError, load_config
 def test_an_unknown_key_is_named_with_the_nearest_known_one(data, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(data)
+
+
+def test_the_trainers_sections_name_the_nearest_key_too():
+    from rstar_trainers.local.config import sft_config, trainer_config
+
+    with pytest.raises(ConfigError, match=r"trainer\.group_sise: unknown key \(did you mean 'group_size'\?"):
+        trainer_config(load_config({"trainer": {"group_sise": 3}}))
+    with pytest.raises(ConfigError, match=r"trainer\.max_lenn: unknown key \(did you mean 'max_len'\?"):
+        sft_config({"stage": "sft", "max_lenn": 512})

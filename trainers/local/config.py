@@ -107,7 +107,8 @@ def sft_config(data: dict[str, Any], **overrides: Any) -> LocalSFTConfig:
     try:
         return LocalSFTConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_error_message(exc, "invalid SFT trainer section:", prefix="trainer.")) from None
+        title = "invalid SFT trainer section:"
+        raise ConfigError(validation_error_message(exc, title, prefix="trainer.", model=LocalSFTConfig)) from None
 
 
 class LocalTrainerConfig(RLHyperparameters, TrainerSettings):
@@ -236,4 +237,5 @@ def trainer_config(run: RunConfig, *, force_local: bool = False, **overrides: An
     try:
         return LocalTrainerConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_error_message(exc, "invalid trainer section:", prefix="trainer.")) from None
+        title = "invalid trainer section:"
+        raise ConfigError(validation_error_message(exc, title, prefix="trainer.", model=LocalTrainerConfig)) from None
