@@ -287,7 +287,7 @@ def _rl_stage(run: Any, settings: Any, max_steps: int | None, started: float, sf
     ):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     summary = sync_line(syncs, settings.dtype)
-    if summary is not None:
+    if summary is not None and len(syncs) > 1:  # one sync: its own line above already said it all
         console.print(summary, markup=False, highlight=False, soft_wrap=True)
 
 
