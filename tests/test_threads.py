@@ -69,7 +69,9 @@ def test_a_busy_program_outside_our_tree_counts_and_our_own_child_does_not():
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     with contextlib.suppress(ProcessLookupError):
         os.kill(measured["orphan"], signal.SIGKILL)  # done with it (left alone, it stops after its 20 s)
-    assert measured["own"] > 0.3, measured  # the child's work is ours
+    # The child's work is ours: this process sleeps, so without it "own" would be about 0. (A share, not a rate: on
+    # a loaded machine the spinning child gets a fraction of a core, 0.24 at load 8 on 2 cores.)
+    assert measured["own"] > 0.05, measured
     assert measured["others"] > 0.3, measured  # the orphan's is not (whatever else the machine runs adds to it)
 
 

@@ -332,8 +332,9 @@ def test_unreachable_server_is_an_error():
 
 
 def test_timeout_is_retried(server):
-    server.add(slow(2.0, reply("late")), reply("on time"))
-    policy = OpenAIPolicy(server.base_url, "m", timeout_s=0.3, max_retries=1, **FAST)
+    # The prompt reply must come within the timeout on a busy machine too: 1 s, against 3 s for the late one.
+    server.add(slow(3.0, reply("late")), reply("on time"))
+    policy = OpenAIPolicy(server.base_url, "m", timeout_s=1.0, max_retries=1, **FAST)
     [gen] = generate(policy, [Request(traj_with())])
     assert (gen.text, gen.metadata["attempts"]) == ("on time", 2)
 
