@@ -29,8 +29,12 @@ ALICE, BOB = "alice-7f3c9e1d2b", "bob-0a8e55c4f1"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    running = ServerProcess("env", start_timeout_s=240)
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    """One server for the tests that need no token: its sandbox pool has 2 workers, which the flood test needs and
+    the others do not notice (each start of ``serve env`` costs seconds of imports, so they share it)."""
+    config = tmp_path_factory.mktemp("config") / "run.yaml"
+    config.write_text("tools:\n  - name: python\n    options: {sandbox_options: {max_concurrency: 2}}\n")
+    running = ServerProcess("env", "--config", str(config), start_timeout_s=240)
     yield running
     assert running.stop() == 0, running.output()[-3000:]
 
@@ -166,22 +170,13 @@ def test_tokens_come_from_a_file_name_their_clients_and_never_reach_the_log(toke
     assert ALICE not in log and BOB not in log
 
 
-@pytest.fixture(scope="module")
-def small_pool(tmp_path_factory) -> Iterator[ServerProcess]:
-    config = tmp_path_factory.mktemp("config") / "run.yaml"
-    config.write_text("tools:\n  - name: python\n    options: {sandbox_options: {max_concurrency: 2}}\n")
-    running = ServerProcess("env", "--config", str(config), start_timeout_s=240)
-    yield running
-    running.stop()
-
-
-def test_one_clients_run_code_flood_adds_at_most_one_call_to_anothers_and_to_episodes(small_pool):
+def test_one_clients_run_code_flood_adds_at_most_one_call_to_anothers_and_to_episodes(server):
     """The pool has 2 workers; a flood of 4 two-second calls from one client. Before, the honest call and the
     episode's tool call queued behind the whole flood (4 s); now /run_code takes one worker at a time, served per
     client in turn, so the honest call waits for one flood call at most and the episode's never waits on it."""
     from openenv.core.generic_client import GenericEnvClient
 
-    url, finished, lock = small_pool.url, [], threading.Lock()
+    url, finished, lock = server.url, [], threading.Lock()
 
     def call(client: str, code: str) -> None:
         reply = httpx.post(
