@@ -34,6 +34,16 @@ def shared_reward() -> Iterator[MathReward]:
     reward.close()
 
 
+@pytest.fixture(scope="module")
+def pool() -> Iterator[VerifierPool]:
+    """One worker, 1.5 s timeout, 0.25 s probe, shared by the tests that leave it idle when they end (every
+    comparison answered, no monkeypatch): a worker's start costs seconds of CPU, the scenarios do not need a fresh
+    one. A slow answer that returns to the interpreter keeps its worker, so no test hands the next a restart."""
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as shared:
+        shared.start(wait=True)
+        yield shared
+
+
 def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: MathReward) -> None:
     envs = [make_env(tools=[], reward=shared_reward, reward_timeout_s=20) for _ in range(15)]
     answers = [tower(k) for k in range(5, 19)] + ["\\frac{x^2-1}{x-1}"]
@@ -69,34 +79,32 @@ def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: Ma
     assert ended.index("x+1") <= 2, ended
 
 
-def test_an_idle_pool_runs_a_slow_comparison_to_its_timeout() -> None:
-    # Nothing waits, so nothing preempts it: the same verdict and cost as a pool without a fair queue.
-    with VerifierPool(workers=1, timeout_s=1.5) as pool:
-        pool.start(wait=True)
-        start = time.monotonic()
-        code, detail = pool.run(tower(5), True, "5")
-        elapsed = time.monotonic() - start
+def test_an_idle_pool_runs_a_slow_comparison_to_its_timeout(pool: VerifierPool) -> None:
+    # Nothing waits, so nothing preempts it (past its 0.25 s probe): the same verdict and cost as a pool without a
+    # fair queue.
+    start = time.monotonic()
+    code, detail = pool.run(tower(5), True, "5")
+    elapsed = time.monotonic() - start
     assert code == "timeout" and "took longer than" in detail, detail
     # Ran to its 1.5 s timeout, not cut at a probe (a load can only lengthen it); the upper bound only catches a hang.
     assert 1.0 < elapsed < 30, elapsed
 
 
-def test_an_untried_comparison_overtakes_slow_ones_and_every_slow_one_ends_in_time() -> None:
-    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:  # latency_s: 4 x 1.5 = 6 s
-        pool.start(wait=True)
-        start = time.monotonic()
-        # One request each, as episodes score their answers.
-        requests = [[(f"\\boxed{{{tower(k)}}}", "5")] for k in range(5, 9)] + [[("\\boxed{x+1}", "1+x")]]
-        futures = [future for request in requests for future in pool.submit(request)]
-        order: list[int] = []
-        for i, future in enumerate(futures):
-            future.add_done_callback(lambda _, i=i: order.append(i))
-        verdicts = [future.result(timeout=60) for future in futures]
-        elapsed = time.monotonic() - start
-        for _ in range(300):  # the done callbacks run in the dispatcher thread (30 s at most: a hang guard)
-            if len(order) == len(futures):
-                break
-            time.sleep(0.1)
+def test_an_untried_comparison_overtakes_slow_ones_and_every_slow_one_ends_in_time(pool: VerifierPool) -> None:
+    # latency_s: 4 x 1.5 = 6 s
+    start = time.monotonic()
+    # One request each, as episodes score their answers.
+    requests = [[(f"\\boxed{{{tower(k)}}}", "5")] for k in range(5, 9)] + [[("\\boxed{x+1}", "1+x")]]
+    futures = [future for request in requests for future in pool.submit(request)]
+    order: list[int] = []
+    for i, future in enumerate(futures):
+        future.add_done_callback(lambda _, i=i: order.append(i))
+    verdicts = [future.result(timeout=60) for future in futures]
+    elapsed = time.monotonic() - start
+    for _ in range(300):  # the done callbacks run in the dispatcher thread (30 s at most: a hang guard)
+        if len(order) == len(futures):
+            break
+        time.sleep(0.1)
     *slow, fast = verdicts
     assert fast == ("verified", ""), verdicts
     # Behind 4 slow answers it waited their probes, not their timeouts (first come, it would have ended last).
@@ -140,11 +148,9 @@ def test_a_worker_that_reads_its_batch_late_still_yields_after_its_probe(monkeyp
     assert order == ["fast", "slow"], order
 
 
-def test_within_one_request_the_order_is_first_come() -> None:
+def test_within_one_request_the_order_is_first_come(pool: VerifierPool) -> None:
     # A trainer's batch: its caller waits for all of it, so a slow comparison there is never cut short.
-    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:
-        pool.start(wait=True)
-        slow, fast = pool.run_many([(f"\\boxed{{{tower(5)}}}", "5"), ("\\boxed{x+1}", "1+x")])
+    slow, fast = pool.run_many([(f"\\boxed{{{tower(5)}}}", "5"), ("\\boxed{x+1}", "1+x")])
     assert slow[0] == "timeout" and "took longer than" in slow[1], slow
     assert fast == ("verified", "")
 
@@ -216,10 +222,9 @@ def test_clients_with_a_backlog_are_served_in_turn() -> None:
     assert taken == ["a", "b", None, "a", "b", None, "a", "b", "a", "a", "a"], taken
 
 
-def test_a_client_key_reaches_the_scheduler_through_the_pool() -> None:
-    with VerifierPool(workers=1, timeout_s=1.5) as pool:
-        assert pool.run("x+2", True, "2+x", client="token-a") == ("verified", "")
-        assert pool.run_many([("\\boxed{3}", "3")], client="token-b") == [("verified", "")]
+def test_a_client_key_reaches_the_scheduler_through_the_pool(pool: VerifierPool) -> None:
+    assert pool.run("x+2", True, "2+x", client="token-a") == ("verified", "")
+    assert pool.run_many([("\\boxed{3}", "3")], client="token-b") == [("verified", "")]
 
 
 def test_a_per_client_cap_leaves_workers_for_other_clients() -> None:
