@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,16 +40,6 @@ def test_the_labelled_set_is_well_formed() -> None:
     third = [c for c in lines if c.get("round") == 3]
     assert len(third) >= 20 and all(c["split"] == "dev" for c in third)
     assert {c["expected"] for c in third} == {0, 1}
-
-
-@pytest.fixture(scope="module")
-def corner_reward() -> Iterator[Any]:
-    """One reward for every corner case: no verdict cache, so each case is scored afresh, and its worker starts
-    once (seconds of CPU) rather than once per case."""
-    from rstar_plugins.rewards import MathReward
-
-    with MathReward(workers=1, cache_size=0) as reward:
-        yield reward
 
 
 @pytest.fixture(scope="module")
@@ -88,5 +77,6 @@ def test_no_false_accept_that_math_verify_avoids(heldout: dict) -> None:
         ("\\(\\boxed{1}\\) and \\(\\boxed{-2}\\).", "$\\boxed{-2,1}$.", 1.0),  # a gold of several boxes
     ],
 )
-def test_corner_cases_from_the_peer_suites(corner_reward: Any, gold: str, pred: str, expected: float) -> None:
-    assert corner_reward.score_sync(f"<answer>{pred}</answer>", gold).reward == expected
+def test_corner_cases_from_the_peer_suites(math_reward: Any, gold: str, pred: str, expected: float) -> None:
+    # conftest's reward: one worker, started once, and no verdict cache, so each case is scored afresh
+    assert math_reward.score_sync(f"<answer>{pred}</answer>", gold).reward == expected

@@ -50,9 +50,8 @@ def framed(pred: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def default() -> Iterator[MathReward]:
-    with MathReward(workers=1, cache_size=0) as reward:
-        yield reward
+def default(math_reward: MathReward) -> MathReward:
+    return math_reward  # conftest's: one worker, no verdict cache
 
 
 @pytest.fixture(scope="module")

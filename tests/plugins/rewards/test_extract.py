@@ -193,7 +193,6 @@ def test_rstar2_preset_keeps_the_last_box_rule() -> None:
         env.close()
 
 
-def test_the_default_reads_the_block_and_its_boxes_as_one_answer() -> None:
-    with MathReward(workers=1) as reward:
-        assert reward.score_sync(RSTAR2_GOLDEN[1][0], "\\{1,2\\}").reward == 1.0
-        assert reward.score_sync(RSTAR2_GOLDEN[2][0], "6").reward == 1.0
+def test_the_default_reads_the_block_and_its_boxes_as_one_answer(math_reward: MathReward) -> None:
+    assert math_reward.score_sync(RSTAR2_GOLDEN[1][0], "\\{1,2\\}").reward == 1.0  # conftest's default reward
+    assert math_reward.score_sync(RSTAR2_GOLDEN[2][0], "6").reward == 1.0

@@ -4,8 +4,6 @@ it states, inline math over several lines."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from rstar_env.data.answers import text_answer
@@ -88,10 +86,8 @@ def test_stated_places_and_joined_lines() -> None:
 
 
 @pytest.fixture(scope="module")
-def reward() -> Iterator[MathReward]:
-    r = MathReward(workers=1, cache_size=0)
-    yield r
-    r.close()
+def reward(math_reward: MathReward) -> MathReward:
+    return math_reward  # conftest's: one worker, no verdict cache
 
 
 RIGHT = [
