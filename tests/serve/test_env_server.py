@@ -8,8 +8,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -353,15 +351,20 @@ def test_a_dropped_session_frees_its_sandbox_session_and_sigterm_leaves_nothing_
     assert "Traceback" not in "".join(server.lines), "".join(server.lines)[-3000:]
 
 
-def test_a_non_loopback_address_without_a_token_is_refused():
-    env = {key: value for key, value in os.environ.items() if key != "RSTAR_ENV_SERVE_TOKEN"}
+def test_a_non_loopback_address_without_a_token_is_refused(monkeypatch):
+    # In-process (the refusal is the command's, before anything is built), the way ``rstar-env`` dispatches it; a
+    # refusal that failed would start a server, which here fails the test instead of listening.
+    from click.testing import CliRunner
+
+    import rstar_env.serve.app
+    from rstar_env.cli import main
+
+    def started(*args, **kwargs):
+        raise AssertionError("a server was started on 0.0.0.0 without a token")
+
+    monkeypatch.setattr(rstar_env.serve.app, "serve", started)
+    no_token = {"RSTAR_ENV_SERVE_TOKEN": None}
     for command in ("env", "sandbox", "verify"):
-        done = subprocess.run(
-            [sys.executable, "-m", "rstar_env.cli", "serve", command, "--host", "0.0.0.0", "--port", "0"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-        )
-        assert done.returncode != 0 and READY not in done.stdout
+        done = CliRunner().invoke(main, ["serve", command, "--host", "0.0.0.0", "--port", "0"], env=no_token)
+        assert done.exit_code != 0 and READY not in done.stdout, done.output
         assert "refusing to listen on 0.0.0.0" in done.stderr and "--token" in done.stderr, done.stderr
