@@ -242,7 +242,7 @@ def test_an_episode_cannot_read_another_episodes_activity_in_the_hosts_counters(
     answered it)."""
 
     async def both() -> tuple[ExecResult, ExecResult]:
-        receiver = sandbox.execute(RECEIVER.format(paths=COUNTERS, seconds=8.0))
+        receiver = sandbox.execute(RECEIVER.format(paths=COUNTERS, seconds=10.0))
         sender = sandbox.execute(SENDER.format(delay=0.3, seconds=1.0))
         return await asyncio.gather(receiver, sender)
 
@@ -255,12 +255,12 @@ def test_an_episode_cannot_read_another_episodes_activity_in_the_hosts_counters(
         assert int(forks) > 0 and seen["samples"] > 10, (seen, sent.stdout)
         assert seen["changed"] == [], f"the host's counters carried the sender's activity: {seen['changed']}"
         # The measurement counts only if the receiver sampled through most of the pulse (a loaded machine may start
-        # either call late): at least a second of it, or all of it.
+        # either call late): at least half a second of it, or all of it.
         overlap = min(float(pulse_end), seen["end"]) - max(float(pulse_start), seen["start"])
-        if overlap >= min(1.0, float(pulse_end) - float(pulse_start)):
+        if overlap >= min(0.5, float(pulse_end) - float(pulse_start)):
             overlapped += 1
             break
-    assert overlapped, "the sender's pulse never fell within the receiver's sampling"
+    assert overlapped, f"the sender's pulse never fell within the receiver's sampling: {seen}, {sent.stdout}"
 
 
 READERS = """
