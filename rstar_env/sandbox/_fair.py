@@ -52,6 +52,8 @@ class FairExecutor:
         self._running: dict[Hashable, int] = {}
         self._threads: list[threading.Thread] = []
         self._idle = 0
+        self._woken = 0
+        """Idle threads notified for a submitted call that have not woken yet."""
         self._closed = False
         self.started: list[Hashable] = []
         """With ``record_starts``: the client of every call, in the order the calls started (for tests)."""
@@ -70,9 +72,7 @@ class FairExecutor:
                 # must not pass for new at each call.
                 (self._old if self._running.get(client) else self._new).append(client)
             queue.append(job)
-            if self._idle:
-                self._cv.notify()
-            elif len(self._threads) < self.max_workers:
+            if not self._wake_locked() and len(self._threads) < self.max_workers:
                 thread = threading.Thread(target=self._serve, name=f"{self._prefix}-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
@@ -110,6 +110,7 @@ class FairExecutor:
                     self._idle += 1
                     self._cv.wait()
                     self._idle -= 1
+                    self._woken = max(0, self._woken - 1)
                     job = self._take_locked()
             try:
                 result = job.fn(*job.args)
@@ -121,7 +122,17 @@ class FairExecutor:
                 with self._cv:
                     self._release_locked(job.client)
                     if self.max_per_client is not None and job.client in self._queues:
-                        self._cv.notify()  # its next call may start now
+                        self._wake_locked()  # its next call may start now (else this thread takes it)
+
+    def _wake_locked(self) -> bool:
+        """Wake an idle thread for a call; False if none is left. A woken thread counts as taken at once, not when
+        it runs: two calls submitted before it wakes must not both count on it (the second would wait for the
+        first to end while a thread could have been started for it)."""
+        if self._idle <= self._woken:
+            return False
+        self._woken += 1
+        self._cv.notify()
+        return True
 
     def _take_locked(self) -> _Job | None:
         """The next call to start: new clients first, then the backlogged ones in turn; None if none may start."""

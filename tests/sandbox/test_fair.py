@@ -52,6 +52,20 @@ def test_a_new_clients_call_starts_after_at_most_one_call_of_a_backlog_ends() ->
     executor.shutdown()
 
 
+def test_two_calls_submitted_at_once_beside_one_idle_thread_run_together() -> None:
+    """One thread idle (a call came and went), then two calls at once: the idle thread takes one and a second
+    thread is started for the other. It used to count the idle thread for both (it had not woken yet), so the
+    second call waited for the first to end: a sandbox of two slots ran its calls one at a time."""
+    executor = FairExecutor(2)
+    executor.submit("a", lambda: None).result(timeout=10)
+    together = threading.Barrier(2, timeout=10)  # broken (an error) unless both calls run at the same time
+    # Submitted under the executor's lock (re-entrant), so the idle thread cannot wake between the two.
+    with executor._cv:
+        futures = [executor.submit("a", together.wait) for _ in range(2)]
+    assert sorted(f.result(timeout=20) for f in futures) == [0, 1]
+    executor.shutdown()
+
+
 def test_backlogged_clients_take_turns_and_each_keeps_its_order() -> None:
     executor = FairExecutor(1)
     executor.record_starts = True
