@@ -201,6 +201,7 @@ class _Scheduler:
         self.procs: set[_Worker] = set()
         self.closed = False
         self.kills = 0
+        self.preemptions = 0
 
     # -- queue -------------------------------------------------------------------------------------------------------
     def submit(
@@ -470,6 +471,8 @@ class _Scheduler:
                 self.requeue(tasks[i + 1 :])
                 return
             if code == "preempted":
+                with self.cv:
+                    self.preemptions += 1
                 self.to_slow(task)
             else:
                 _settle(task, (code, detail))
@@ -649,6 +652,12 @@ class VerifierPool:
     def kills(self) -> int:
         """How many workers were killed for running past their hard limit (for tests and statistics)."""
         return self._scheduler.kills
+
+    @property
+    def preemptions(self) -> int:
+        """How many first attempts yielded after ``probe_s`` to another request's comparisons (for tests and
+        statistics)."""
+        return self._scheduler.preemptions
 
     def pids(self) -> list[int]:
         with self._scheduler.cv:

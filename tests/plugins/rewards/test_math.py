@@ -191,15 +191,12 @@ def test_verdict_cache(reward: MathReward) -> None:
     ids=["power-tower", "huge-power", "huge-string"],
 )
 def test_pathological_answer_costs_at_most_the_timeout(fast_timeout_reward: MathReward, answer: str) -> None:
-    start = time.monotonic()
-    result = asyncio.run(fast_timeout_reward.score(boxed(answer), "5"))
-    elapsed = time.monotonic() - start
+    # These answers run for hours without a timeout: the reason says the 1 s timeout (or the length cap) ended it.
+    # wait_for only stops a hung test.
+    result = asyncio.run(asyncio.wait_for(fast_timeout_reward.score(boxed(answer), "5"), 30))
     assert result.reward == 0.0
     # mismatch only if sympy finishes in time; a 21 kB answer is also past the default max_answer_chars
     assert result.reason in ("timeout", "mismatch", "answer too long")
-    # The deadline is the subject, so a bound stays, but only one that catches a hang (these answers run for hours
-    # without a timeout): the reason above says the 1 s timeout ended it, the bound leaves a loaded machine room.
-    assert elapsed < 30, elapsed
     # The pool is still usable afterwards.
     assert asyncio.run(fast_timeout_reward.score(boxed("x+1"), "1+x")).reward == 1.0
 
@@ -215,10 +212,10 @@ def test_hard_kill_when_the_worker_ignores_its_timer() -> None:
         pool.config.worker_timer = False
         pool.start(wait=True)
         [old_pid] = pool.pids()
-        start = time.monotonic()
-        code, _ = pool.run("5^{5^{5^5}}", True, "5")
-        # The hard kill is counted (kills == 1); the time bound only catches a hang (the worker's own timer is off).
-        assert code == "timeout" and time.monotonic() - start < 30
+        # The hard kill is what ended it (counted: kills == 1); the result's timeout only stops a hung test.
+        [future] = pool.submit([("\\boxed{5^{5^{5^5}}}", "5")])
+        code, detail = future.result(timeout=30)
+        assert code == "timeout" and "worker killed and replaced" in detail, detail
         assert pool.kills == 1 and not _alive(old_pid)
         assert pool.run("x+1", True, "1+x")[0] == "verified"  # the replacement works
         assert pool.pids() != [old_pid]
