@@ -153,14 +153,10 @@ def test_retry_budget_is_bounded(server: CodeInterpreterServer, make: Any) -> No
     box = make(max_attempts=3)
     server.inject("429", times=100, match="never")
     before = server.requests[("POST", "/execute", 429)]
-    start = time.monotonic()
-    result = run(box.execute("print('never')"))
+    result = run(asyncio.wait_for(box.execute("print('never')"), 30))  # a hang guard
     assert result.status == "crash"
     assert result.message is not None and "3 attempts" in result.message and "429" in result.message
-    assert (
-        server.requests[("POST", "/execute", 429)] - before == 3
-    )  # the budget, counted; the time bound is a hang guard
-    assert time.monotonic() - start < 30
+    assert server.requests[("POST", "/execute", 429)] - before == 3  # the budget, counted
     server.clear_faults()
     assert run(box.execute("print('back')")).stdout == "back\n"
 
@@ -200,10 +196,8 @@ def test_a_dropped_connection_crashes_a_session_which_then_starts_fresh(
 def test_a_hung_request_times_out(server: CodeInterpreterServer, make: Any) -> None:
     box = make()
     server.inject("hang", match="hung")
-    start = time.monotonic()
-    result = run(box.execute("print('hung')", timeout_s=0.5))
-    assert result.status == "timeout" and result.message == "timed out after 0.5 s"
-    assert time.monotonic() - start < 30  # the verdict says the 0.5 s deadline fired; this only catches a hang
+    result = run(asyncio.wait_for(box.execute("print('hung')", timeout_s=0.5), 30))  # a hang guard
+    assert result.status == "timeout" and result.message == "timed out after 0.5 s"  # the 0.5 s deadline fired
     assert run(box.execute("print('fine')")).stdout == "fine\n"
 
 
@@ -229,10 +223,8 @@ def test_a_sandbox_killed_mid_call_is_crashed_and_replaced(server: CodeInterpret
         await asyncio.to_thread(server.kill_vm, old)
         return await call
 
-    start = time.monotonic()
-    result = run(scenario())
-    assert result.status == "crash" and "died" in (result.message or "")
-    assert time.monotonic() - start < 30  # told at once, not at the call's 10 s timeout; this only catches a hang
+    result = run(asyncio.wait_for(scenario(), 30))  # a hang guard
+    assert result.status == "crash" and "died" in (result.message or "")  # told, not timed out
     assert run(box.execute("print('new vm')")).stdout == "new vm\n"
     assert old not in box.sandboxes and len(box.sandboxes) == 1
     assert box.stats["sandboxes_replaced"] == 1
@@ -286,10 +278,8 @@ def test_closing_during_a_call_returns_crashed(make: Any) -> None:
         await box.aclose()
         return await call
 
-    start = time.monotonic()
-    result = run(scenario())
-    assert result.status == "crash" and "closed" in (result.message or "")
-    assert time.monotonic() - start < 30  # the verdict says the close ended it; this only catches a hang
+    result = run(asyncio.wait_for(scenario(), 30))  # a hang guard
+    assert result.status == "crash" and "closed" in (result.message or "")  # the close ended it
     with pytest.raises(SandboxError, match="closed"):
         run(box.execute("print(1)"))
 

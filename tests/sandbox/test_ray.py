@@ -114,10 +114,8 @@ def test_an_actor_killed_mid_load(make: Any) -> None:
         assert box._sessions["on-victim"].actor is victim and box._sessions["on-survivor"].actor is survivor
         calls = [asyncio.ensure_future(box.execute("import time\ntime.sleep(1)\nprint('done')")) for _ in range(8)]
         await asyncio.sleep(0.4)
-        start = time.monotonic()
         ray.kill(victim.handle)
-        results = await asyncio.gather(*calls)
-        assert time.monotonic() - start < 60  # only catches a hang: the verdicts below say what happened
+        results = await asyncio.wait_for(asyncio.gather(*calls), 60)  # a hang guard: the verdicts say what happened
         lost = await box.execute("mine", session="on-victim")
         kept = await box.execute("mine", session="on-survivor")
         fresh = [await box.execute("mine", session="on-victim"), await box.execute("print('after')")]

@@ -284,11 +284,10 @@ def test_a_token_is_required_when_set_and_sessions_end_at_their_time_limit(token
         async with connect(
             f"ws://127.0.0.1:{server.port}/ws", additional_headers={"Authorization": "Bearer s3cret"}
         ) as ws:
-            started = time.monotonic()
             with pytest.raises(ConnectionClosed) as closed:
-                await asyncio.wait_for(ws.recv(), 60)
+                await asyncio.wait_for(ws.recv(), 30)  # a hang guard: the reason says which limit ended it
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
-            assert "--max-session-s" in closed.value.rcvd.reason and time.monotonic() - started < 30
+            assert "--max-session-s" in closed.value.rcvd.reason
 
     asyncio.run(main())
 
