@@ -223,7 +223,7 @@ class CompiledFilter:
         if self._libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), *args) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
         if self.notifies:
-            return _sysinfo.load_with_listener(self._prog)
+            return _sysinfo.load_with_listener(self._libc, self._prog)
         if self._libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(self._prog), 0, 0):
             errno_ = ctypes.get_errno()
             raise OSError(errno_, f"prctl(PR_SET_SECCOMP): {os.strerror(errno_)}")

@@ -96,7 +96,6 @@ class Supervisor:
 
     def __init__(self, reply: bytes) -> None:
         self.reply = reply
-        self.answered = 0
 
     def handle(self, listener: int) -> bool:
         """Answer the call pending on ``listener`` (readable). False once the listener is dead: every process
@@ -124,7 +123,6 @@ class Supervisor:
         except OSError as exc:
             if exc.errno != errno.ENOENT:  # ENOENT: the caller died meanwhile
                 return False
-        self.answered += 1
         return True
 
     def _write(self, listener: int, notif: _Notif) -> int:
@@ -148,12 +146,11 @@ class Supervisor:
         return 0
 
 
-def load_with_listener(program: ctypes.Structure) -> int:
+def load_with_listener(libc: ctypes.CDLL, program: ctypes.Structure) -> int:
     """Install a filter (a ``struct sock_fprog``) on the calling thread with a new listener; its descriptor.
     Raises OSError if the kernel refuses (before Linux 5.0, or another filter of the thread has a listener)."""
     if SECCOMP_NR is None:
         raise OSError(errno.ENOSYS, f"seccomp's number on {platform.machine()} is not known here")
-    libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     fd = libc.syscall(
         ctypes.c_long(SECCOMP_NR),
