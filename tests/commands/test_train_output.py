@@ -1,11 +1,11 @@
 """What a user of the main job sees: ``rstar-env train`` with a vLLM rollout engine prints our own lines only.
 
-vLLM's log lines, its weight-loading bars and its reload warnings (``RotaryEmbedding: Failed to load weights``, which
-reads like a failed weight sync) go to ``OUTPUT_DIR/engine.log``; the weight sync is stated by our own check; and
-the process ends without a warning (a ``resource_tracker`` line about leaked semaphores or shared memory would be
-printed after everything else). Run as a real process, as a user runs it: warnings at interpreter exit only show
-there. Two RL steps, so that one weight sync happens; a cache of its own, so that the run writes smollm2's
-dequantized copy as a first run does (its "Writing model shards" bar showed there)."""
+vLLM's log lines, its weight-loading bars and its reload warnings (``RotaryEmbedding: Failed to load weights``,
+which reads like a failed weight sync, on some CPUs) go to ``OUTPUT_DIR/engine.log``; the weight sync is stated by
+our own check; and the process ends without a warning (a ``resource_tracker`` line about leaked semaphores or shared
+memory would be printed after everything else). Run as a real process, as a user runs it: warnings at interpreter
+exit only show there. Two RL steps, so that one weight sync happens; a cache of its own, so that the run writes
+smollm2's dequantized copy as a first run does (its "Writing model shards" bar showed there)."""
 
 from __future__ import annotations
 
@@ -72,4 +72,9 @@ def test_the_main_job_prints_only_our_own_lines_and_ends_without_a_warning(tmp_p
     shown = [line for line in text.splitlines() if any(mark in line for mark in NOT_OURS)]
     assert shown == [], text
     assert text.count("weight sync:") == 1, text  # one sync: one line (the summary line is for several)
-    assert "Failed to load weights" in (out / "engine.log").read_text()  # vLLM's reload warning: in the log
+    # What vLLM printed went to the run's log instead. Which lines it prints depends on the machine (its reload
+    # warning, "RotaryEmbedding: Failed to load weights", shows on some CPUs and not on others), so the test only
+    # asks that the log caught some and that none of them reached the terminal (checked above).
+    log = (out / "engine.log").read_text()
+    assert log.strip(), "vLLM printed nothing to OUTPUT_DIR/engine.log"
+    assert not [line for line in log.splitlines() if line and line in text.splitlines()], (log, text)
