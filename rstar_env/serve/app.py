@@ -10,6 +10,7 @@ episode and sandbox session), then the sandbox pool and the reward plugin's work
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -160,10 +161,12 @@ def serve(
     redact_logs(secrets)  # after uvicorn.Config, which set up its loggers and handlers
     server = uvicorn.Server(config)
     # uvicorn turns SIGTERM/SIGINT into a graceful shutdown, then raises the signal again under the handler it found:
-    # with this one, that ends serve() normally, so the cleanup below runs and the process exits 0.
+    # with this one, that ends serve() normally, so the cleanup below runs and the process exits 0. The same handler
+    # takes a signal that comes before uvicorn has installed its own (a client that read the ready line may stop the
+    # server at once): the server then shuts down as soon as it has started, instead of missing the signal.
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _after_shutdown)
+            signal.signal(sig, functools.partial(_stop, server))
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(READY_LINE.format(host=shown, port=bound), flush=True)
@@ -177,5 +180,8 @@ def serve(
         sys.stdout.flush()
 
 
-def _after_shutdown(signum: int, frame: Any) -> None:
-    """The signal handler uvicorn re-raises the stop signal under once it has shut down: nothing left to do."""
+def _stop(server: Any, signum: int, frame: Any) -> None:
+    """A stop signal outside uvicorn's handler: before uvicorn took the signals, it asks ``server`` to shut down once
+    started (uvicorn checks ``should_exit`` before serving); after uvicorn shut down, it is uvicorn re-raising the
+    signal, and setting the flag again does nothing."""
+    server.should_exit = True

@@ -350,6 +350,19 @@ def test_a_dropped_session_frees_its_sandbox_session_and_sigterm_leaves_nothing_
     assert "Traceback" not in "".join(server.lines), "".join(server.lines)[-3000:]
 
 
+def test_a_server_stopped_as_soon_as_it_prints_its_ready_line_exits_at_once():
+    """A launcher that reads the ready line and stops the server at once (a failed set-up, a cancelled job): the
+    SIGTERM used to come before uvicorn took the signals, and the server ignored it and served on."""
+    server = Server("verify")  # stopped by ServerProcess the moment its reader sees the line
+    try:
+        code, alive = server.stop(timeout_s=30)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+    assert code == 0, "".join(server.lines)[-3000:]
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]
+
+
 def test_a_non_loopback_address_without_a_token_is_refused(monkeypatch):
     # In-process (the refusal is the command's, before anything is built), the way ``rstar-env`` dispatches it; a
     # refusal that failed would start a server, which here fails the test instead of listening.
