@@ -123,6 +123,9 @@ def _failure(exc: BaseException) -> str:
 
 
 async def _open(url: str, opening: asyncio.Semaphore) -> Any:
+    from rstar_env.serve import import_openenv
+
+    import_openenv()  # without its Gradio web UI
     from openenv.core.generic_client import GenericEnvClient
 
     env = GenericEnvClient(base_url=url, connect_timeout_s=300, message_timeout_s=600)

@@ -14,3 +14,9 @@ a token (:mod:`rstar_env.serve.guard`). The servers need the ``serve`` extra (``
 
 SERVE_EXTRA_HINT = "install the serve extra: pip install 'rstar-env[serve]'"
 """What to tell a user whose environment lacks openenv-core or FastAPI."""
+
+
+def import_openenv() -> None:
+    """Import openenv-core without its Gradio web UI (unless ``ENABLE_WEB_INTERFACE`` turns it on): call it before
+    importing OpenEnv's clients to save Gradio's 2.5 s. Importing ``rstar_env.serve.client`` does it too."""
+    import rstar_env.serve._openenv  # noqa: F401

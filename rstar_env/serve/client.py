@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import rstar_env.serve._openenv  # noqa: F401  (first: openenv without its Gradio web UI)
+
+# isort: split
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 

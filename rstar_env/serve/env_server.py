@@ -30,6 +30,10 @@ import uuid
 from typing import Annotated, Any
 
 import numpy as np
+
+import rstar_env.serve._openenv  # noqa: F401  (first: openenv without its Gradio web UI)
+
+# isort: split
 from fastapi import Body, FastAPI, HTTPException, Request
 from openenv.core.env_server import Action, Environment, Observation, State
 from openenv.core.env_server.http_server import HTTPEnvServer

@@ -21,6 +21,9 @@ psutil = pytest.importorskip("psutil")
 httpx = pytest.importorskip("httpx")
 
 from rstar_env.bench.serve import READY, ServerProcess  # noqa: E402  (after the skips: the serve extra)
+from rstar_env.serve import import_openenv  # noqa: E402
+
+import_openenv()  # OpenEnv's clients below, without its Gradio web UI
 
 CALL = '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a} * {b})"}}}}\n</tool_call>'
 

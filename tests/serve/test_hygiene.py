@@ -24,6 +24,9 @@ if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lowe
 httpx = pytest.importorskip("httpx")
 
 from rstar_env.bench.serve import ServerProcess  # noqa: E402  (after the skips: the serve extra)
+from rstar_env.serve import import_openenv  # noqa: E402
+
+import_openenv()  # OpenEnv's clients below, without its Gradio web UI
 
 ALICE, BOB = "alice-7f3c9e1d2b", "bob-0a8e55c4f1"
 
