@@ -7,6 +7,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
+# Python images often set PYTHONDONTWRITEBYTECODE=1: then each of the three workers, and every server and trainer
+# process a test starts, compiles the project's modules anew (pytest's assertion rewriting of every test module
+# and of rstar_env, its plugin's package, included). Cached, a second run and the slow run reuse them.
+unset PYTHONDONTWRITEBYTECODE
 "$py" -m pytest -m "not slow" -n 3 --dist worksteal "$@"
 fast=$?
 "$py" -m pytest -m slow "$@"
