@@ -197,6 +197,10 @@ def _train_arm(arm: str, seed: int, run_data: dict[str, Any], settings_data: dic
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _interrupted:
+            # The comparison stops: said here, before this process is free to take a queued arm, since the
+            # parent's own Ctrl-C (which sets it too) may be handled later than this arm's.
+            _stopping.set()
         queue.put(("ended", os.getpid()))
 
 

@@ -61,3 +61,38 @@ def test_seeds_to_settle_is_the_first_count_whose_interval_clears_zero():
     assert seeds_to_settle([0.2, 0.21, 0.19]) is None  # already clear of zero
     assert seeds_to_settle([0.1, -0.1]) is None  # no difference to settle
     assert seeds_to_settle([0.3]) is None  # one seed: no spread to go on
+
+
+def test_an_arm_stopped_by_ctrl_c_stops_the_comparison_before_its_process_takes_another(monkeypatch):
+    """An arm process that Ctrl-C stopped says the comparison stops before it is free again: the parent's own
+    Ctrl-C may be handled later, and the pool hands a queued arm to a free process at once (an arm of the next seed
+    once started so after Ctrl-C, under load)."""
+    import queue
+    import threading
+
+    import rstar_trainers.local.compare as compare
+    import rstar_trainers.local.trainer as trainer_module
+
+    class InterruptedTrainer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def train(self, on_step):
+            compare._on_interrupt(2, None)  # Ctrl-C while it trains: raises KeyboardInterrupt
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(trainer_module, "LocalTrainer", InterruptedTrainer)
+    monkeypatch.setattr(compare.signal, "signal", lambda *args: None)  # this process keeps its own handlers
+    messages, stopping = queue.Queue(), threading.Event()
+    monkeypatch.setattr(compare, "_messages", messages)
+    monkeypatch.setattr(compare, "_stopping", stopping)
+    monkeypatch.setattr(compare, "RunConfig", type("Run", (), {"model_validate": staticmethod(lambda data: data)}))
+    monkeypatch.setattr(
+        compare, "LocalTrainerConfig", type("Settings", (), {"model_validate": staticmethod(lambda data: data)})
+    )
+    with pytest.raises(KeyboardInterrupt):
+        compare._train_arm("grpo", 0, {}, {}, threads=1)
+    assert stopping.is_set()
+    assert [m[0] for m in list(messages.queue)] == ["started", "ended"]
