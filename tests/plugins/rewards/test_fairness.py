@@ -2,7 +2,8 @@
 
 ``5^{5^{5^k}}`` makes math-verify run to its timeout (sympy builds the power), and answers its worker's timer and
 the preemption signal. Before the fair queue, 14 such answers ahead of a correct one on 2 workers held the queue
-for longer than ``reward_timeout_s=20``: the correct answer and the last slow ones ended ``env_error``.
+for longer than ``reward_timeout_s=20``: the correct answer and the last slow ones ended ``env_error``. The test
+runs that scenario at half its length (``timeout_s=1.5``, ``reward_timeout_s=10``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def tower(k: int) -> str:
 
 @pytest.fixture
 def shared_reward() -> Iterator[MathReward]:
-    reward = MathReward(workers=2, cache_size=0)  # timeout_s=3.0, the default
+    # Half the default timeout_s (3.0): the finding's scenario at half its length, and half its CPU.
+    reward = MathReward(workers=2, cache_size=0, timeout_s=1.5)
     # The scenario is about the queue: start-up (seconds, more on a loaded machine) is paid before it.
     reward.start(wait=True)
     yield reward
@@ -46,7 +48,9 @@ def pool() -> Iterator[VerifierPool]:
 
 
 def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: MathReward) -> None:
-    envs = [make_env(tools=[], reward=shared_reward, reward_timeout_s=20) for _ in range(15)]
+    # First come, the correct answer would wait 7 rounds of two slow answers run to their 1.5 s timeouts (10.5 s):
+    # past this reward_timeout_s. Fair, every verdict comes within 4 * timeout_s (6 s).
+    envs = [make_env(tools=[], reward=shared_reward, reward_timeout_s=10) for _ in range(15)]
     answers = [tower(k) for k in range(5, 19)] + ["\\frac{x^2-1}{x-1}"]
     golds = ["5"] * 14 + ["x+1"]
 
