@@ -14,12 +14,11 @@ if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lowe
     pytest.skip("needs the serve extra: pip install -e '.[serve]'", allow_module_level=True)
 
 PROBE = """
-import sys
+import importlib.util, sys
 import rstar_env.serve.client, rstar_env.serve.env_server
 from openenv.core.env_server import HTTPEnvServer
 print("gradio" in sys.modules, "openenv.core.env_server.web_interface" in sys.modules)
-import gradio  # still importable by whoever wants it
-print(gradio.__name__)
+print(importlib.util.find_spec("gradio").name)  # still importable by whoever wants it (find_spec raises if hidden)
 """
 
 
