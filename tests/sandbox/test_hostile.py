@@ -807,6 +807,10 @@ def test_sleeping_calls_overlap(default_sandbox: LocalSandbox) -> None:
         run(default_sandbox.close_session(f"sleep-{i}"))
 
 
+SPIN_S = 3.0
+"""The spinners' timeout: two cores' worth of CPU for that long, against 14 prints that take a fraction of it."""
+
+
 def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox) -> None:
     ended: list[str] = []
 
@@ -816,7 +820,7 @@ def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox)
         return result
 
     async def scenario() -> list[ExecResult]:
-        spinners = [call("spinner", "while True:\n    pass", timeout_s=5.0) for _ in range(2)]
+        spinners = [call("spinner", "while True:\n    pass", timeout_s=SPIN_S) for _ in range(2)]
         first = [asyncio.ensure_future(c) for c in spinners]
         await asyncio.sleep(0.05)  # the spinners hold their CPUs first
         prints = [call("print", f"print({i})") for i in range(14)]
@@ -825,11 +829,11 @@ def test_spinning_calls_do_not_hold_up_the_others(default_sandbox: LocalSandbox)
     done = run(scenario())
     prints, spinners = done[:14], done[14:]
     assert [r.stdout for r in prints] == [f"{i}\n" for i in range(14)]
-    # Queued behind the spinners' workers, the prints would end after the spinners' 5 s timeout: they end first.
+    # Queued behind the spinners' workers, the prints would end after the spinners' timeout: they end first.
     assert ended == ["print"] * 14 + ["spinner"] * 2, ended
     assert all(r.status == "timeout" for r in spinners), spinners
     # A call's timeout counts from its start; the wait before it is reported apart.
-    assert all(r.duration_s < 5.0 + SLACK_S and r.queue_s >= 0 for r in done)
+    assert all(r.duration_s < SPIN_S + SLACK_S and r.queue_s >= 0 for r in done)
 
 
 # ------------------------------------------------------------------------ what a model could find and keep (round 3)
