@@ -271,12 +271,14 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-class OpenRLHFSFTConfig(_Model):
+class OpenRLHFSFTConfig(TrainerSettings):
     """The non-reasoning SFT stage (tool-call format and instruction following) with OpenRLHF's SFT trainer.
 
     ``dataset`` is a jsonl of ``{"messages": [...]}`` rows in our tool-call format, as written by
     ``python -m rstar_trainers.openrlhf.convert``. Only assistant turns are trained on (OpenRLHF's multiturn
     mode); the chat template is set to the env's chat format, so SFT and RL render conversations identically.
+    The keys every trainer section shares are :class:`~rstar_env.config.TrainerSettings`'s, with this stage's
+    defaults (its sampling keys are for ``rstar-env eval`` and ``chat`` of the trained model).
     """
 
     backend: Literal["openrlhf"] = "openrlhf"

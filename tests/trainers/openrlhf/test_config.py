@@ -10,7 +10,7 @@ import pytest
 from rstar_env.config import ConfigError, TrainerSettings, load_config
 from rstar_trainers.hyperparams import RLHyperparameters
 from rstar_trainers.local.config import LocalTrainerConfig
-from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, trainer_config
+from rstar_trainers.openrlhf.config import OpenRLHFRLConfig, OpenRLHFSFTConfig, trainer_config
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
@@ -23,6 +23,14 @@ def test_both_trainers_extend_the_shared_settings():
     for model in (OpenRLHFRLConfig, LocalTrainerConfig):
         assert issubclass(model, TrainerSettings) and issubclass(model, RLHyperparameters)
         assert set(TrainerSettings.model_fields) <= set(model.model_fields)
+
+
+def test_the_sft_stage_extends_the_shared_settings_too():
+    assert issubclass(OpenRLHFSFTConfig, TrainerSettings)
+    cfg = openrlhf(stage="sft", dataset="chat.jsonl", temperature=0.7)
+    assert isinstance(cfg, OpenRLHFSFTConfig) and cfg.temperature == 0.7 and cfg.model == "Qwen/Qwen3-14B-Base"
+    with pytest.raises(ConfigError, match=r"trainer\.top_p"):
+        openrlhf(stage="sft", dataset="chat.jsonl", top_p=2)
 
 
 def test_every_openrlhf_config_under_configs_still_loads():
