@@ -1,7 +1,13 @@
-"""The math-verify worker process: ``python -m rstar_plugins.rewards._worker MEMORY_MB``.
+"""The math-verify worker processes: ``python -m rstar_plugins.rewards._worker MEMORY_MB`` is a pool's template.
 
-Protocol (pickled frames over stdin/stdout, see :mod:`.pool`): the worker sends ``("ready", pid)`` once
-math-verify is imported and warm. Each request is a batch, a list of ``(pred, gold, soft_timeout_s, yield_s)``:
+The template imports math-verify and warms its parsers once, then forks a worker each time the pool asks: the pool
+sends it one byte with the worker's two pipe ends attached (``SCM_RIGHTS`` over the Unix socket that is the
+template's standard input), and the forked worker serves those pipes. So a worker starts (or restarts after a kill)
+in milliseconds, already warm, instead of paying the imports and the warm-up (about two CPU-seconds) each time. The
+template exits when the pool closes its socket or goes away.
+
+Protocol between a worker and the pool (pickled frames over the two pipes, see :mod:`.pool`): the worker sends
+``("ready", pid)`` first. Each request is a batch, a list of ``(pred, gold, soft_timeout_s, yield_s)``:
 two answer texts (the gold may start with :data:`EXACT_SYMBOLIC`, the ``exact_symbolic`` mode), the time the
 comparison may take (0: no timer of its own) and how long it must have run before it
 yields to a ``SIGUSR1`` from the parent (0: never); the worker answers every item with its own frame
@@ -21,11 +27,14 @@ OOM kill of the host.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import re
+import select
 import signal
+import socket
 import sys
 import time
 from functools import lru_cache
@@ -255,16 +264,21 @@ _WARM_UP: tuple[tuple[str, str], ...] = (
 """Pairs compared once at start-up to warm the parsers."""
 
 
-def serve(reader: Connection, writer: Connection, memory_mb: int) -> None:
+def warm() -> None:
+    """Import math-verify and bring its parsers to speed (in the template, once for every worker it forks)."""
     # Everything math-verify logs is either handled here (timeouts) or noise (its "timeout disabled" warning).
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import before the memory limit: imports map shared libraries)
 
     # The LaTeX parser (ANTLR) learns its prediction tables as it goes: a cold worker parses about twice as slowly
-    # as a warm one. Warm it on the shapes answers take, once, before it reports ready.
+    # as a warm one. Warm it on the shapes answers take, once, before any worker is forked.
     for pred, gold in _WARM_UP:
         compare(pred, gold)
     read_answer.cache_clear()
+
+
+def serve(reader: Connection, writer: Connection, memory_mb: int) -> None:
+    """A worker: answer the batches that come on ``reader`` until the pool closes the pipe."""
     if memory_mb > 0:
         import resource
 
@@ -310,14 +324,56 @@ def serve(reader: Connection, writer: Connection, memory_mb: int) -> None:
                 return
 
 
+def _reap(*_: object) -> None:
+    """Collect the template's workers that have exited (as SIGCHLD comes, so none stays a zombie)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def template(control: socket.socket, memory_mb: int) -> None:
+    """Fork a worker for each request on ``control``; return when the pool closes it or goes away."""
+    warm()
+    parent = os.getppid()
+    signal.signal(signal.SIGCHLD, _reap)
+    while True:
+        if not select.select([control], [], [], 1.0)[0]:
+            if os.getppid() != parent:
+                return  # the pool's process died while a forked child of it holds the socket open
+            continue
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 1, 2)
+        except OSError:
+            return
+        if not message:
+            return  # the pool closed its end
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:  # the worker
+            status = 1
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                control.close()
+                serve(Connection(fds[0], writable=False), Connection(fds[1], readable=False), memory_mb)
+                status = 0
+            finally:
+                os._exit(status)  # never back into the template's loop, whatever serve() raised
+        for fd in fds:
+            os.close(fd)
+
+
 def main() -> None:
     memory_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
-    # The protocol owns the original stdout; anything printed by library code goes to stderr instead.
-    protocol_out = os.dup(1)
+    # Standard input is the pool's socket; anything printed by library code goes to stderr.
+    control = socket.socket(fileno=os.dup(0))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the workers forked from here must not hold the pool's socket
+    os.close(devnull)
     os.dup2(2, 1)
-    reader = Connection(os.dup(0), readable=True, writable=False)
-    writer = Connection(protocol_out, readable=False, writable=True)
-    serve(reader, writer, memory_mb)
+    template(control, memory_mb)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ ordinary answers when pathological ones arrive in bulk.
 :meth:`VerifierPool.run_many` is its blocking form. Both are thread-safe and create no asyncio object, so the
 reward plugin awaits the futures from whichever event loop it runs on. Each worker process has one dispatcher
 thread that feeds it, a batch of comparisons per message, and waits for each verdict under its own deadline. A
-worker that has not answered by then is killed (``SIGKILL``) and replaced at once. Workers are plain
-``subprocess`` children running :mod:`._worker`, so the pool works the same under any ``multiprocessing`` start
+worker that has not answered by then is killed (``SIGKILL``) and replaced at once. Workers are forked from one
+warm template process per pool, a plain ``subprocess`` child running :mod:`._worker` that imported math-verify
+and warmed its parsers once: a worker starts or replaces a killed one in milliseconds, not the two CPU-seconds of
+a fresh interpreter's imports and warm-up. So the pool works the same under any ``multiprocessing`` start
 method, from any thread, and never re-imports the caller's ``__main__``.
 
 **Scheduling.** The pool is shared by every episode of a process and has few workers (one per CPU). With a
@@ -45,7 +47,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,45 +71,47 @@ _MAX_BATCH = 8
 """Untried comparisons sent to a worker in one message: fewer messages, and little waiting behind a slow one."""
 
 
-class _Worker:
-    """One worker process and its two pipe ends."""
+class _Template:
+    """The pool's warm template process (:mod:`._worker`): math-verify imported and its parsers warmed once; each
+    worker is forked from it. Its standard input is one end of a Unix socket, on which the pool sends each new
+    worker's pipe ends."""
 
     def __init__(self, memory_mb: int) -> None:
         # stderr goes to an anonymous file rather than a pipe: a chatty worker can never block on a full pipe,
-        # and a worker that dies at start-up leaves its traceback for the error message.
-        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in kill())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", _WORKER_MODULE, str(memory_mb)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            close_fds=True,
-        )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.reader = Connection(os.dup(self.proc.stdout.fileno()), readable=True, writable=False)
-        self.writer = Connection(os.dup(self.proc.stdin.fileno()), readable=False, writable=True)
-        self.proc.stdout.close()
-        self.proc.stdin.close()
-        self.ready = False
-
-    def wait_ready(self, timeout_s: float, stop: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.reader.poll(0.05):
-            if stop():
-                raise RuntimeError("the VerifierPool was closed while a worker started")
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(self._startup_failure(timeout_s))
+        # and a template that dies at start-up leaves its traceback for the error message.
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
+        self.sock, theirs = socket.socketpair()
         try:
-            message = self.reader.recv()
-        except (EOFError, OSError):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=5)  # it closed its pipe on the way out: report its exit, not a timeout
-            raise RuntimeError(self._startup_failure(timeout_s)) from None
-        if not (isinstance(message, tuple) and message[:1] == ("ready",)):
-            raise RuntimeError(f"math-verify worker sent {message!r} instead of its ready message")
-        self.ready = True
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", _WORKER_MODULE, str(memory_mb)],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=self.stderr,
+                close_fds=True,
+            )
+        finally:
+            theirs.close()
+        self.lock = threading.Lock()
 
-    def _startup_failure(self, timeout_s: float) -> str:
+    def fork(self) -> _Worker:
+        """Ask for a worker; it says it is ready on its own pipe (the template may still be warming)."""
+        to_worker, worker_reads = os.pipe()[::-1]
+        worker_writes, from_worker = os.pipe()[::-1]
+        try:
+            with self.lock:
+                socket.send_fds(self.sock, [b"f"], [worker_reads, worker_writes])
+        except OSError:
+            os.close(to_worker)
+            os.close(from_worker)
+            raise
+        finally:
+            os.close(worker_reads)
+            os.close(worker_writes)
+        reader = Connection(from_worker, readable=True, writable=False)
+        writer = Connection(to_worker, readable=False, writable=True)
+        return _Worker(self, reader, writer)
+
+    def failure(self, timeout_s: float) -> str:
         code = self.proc.poll()
         self.stderr.seek(0)
         tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
@@ -116,20 +122,100 @@ class _Worker:
             f"importable. Worker stderr:\n{tail or '(empty)'}"
         )
 
-    def signal_kill(self) -> None:
-        """Kill the process, leaving the pipes to the thread that reads them (closing them under it is a race)."""
+    def close(self) -> None:
+        """Kill the template (its workers are killed one by one, or see their pipes close)."""
         with contextlib.suppress(OSError):
             self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(OSError):
+            self.stderr.close()
+
+
+class _Worker:
+    """One worker process, forked by the template, and the pool's two pipe ends. Its pid is known once it is
+    ready; it is not the pool's child, so it is watched and signalled through a pidfd where Linux has them."""
+
+    def __init__(self, template: _Template, reader: Connection, writer: Connection) -> None:
+        self.template, self.reader, self.writer = template, reader, writer
+        self.pid: int | None = None
+        self._pidfd: int | None = None
+        self.ready = False
+
+    def wait_ready(self, timeout_s: float, stop: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.reader.poll(0.05):
+            if stop():
+                raise RuntimeError("the VerifierPool was closed while a worker started")
+            if self.template.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(self.template.failure(timeout_s))
+        try:
+            message = self.reader.recv()
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.template.proc.wait(timeout=5)  # it closed the pipe on its way out: report its exit
+            raise RuntimeError(self.template.failure(timeout_s)) from None
+        if not (isinstance(message, tuple) and message[:1] == ("ready",) and isinstance(message[1:2][0], int)):
+            raise RuntimeError(f"math-verify worker sent {message!r} instead of its ready message")
+        self.pid = message[1]
+        if hasattr(os, "pidfd_open"):
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:
+                raise RuntimeError(f"math-verify worker {self.pid} exited as it started") from None
+            except OSError:
+                self._pidfd = None  # a kernel without pidfds: signals by pid
+        self.ready = True
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return True
+        if self._pidfd is not None:
+            return not select.select([self._pidfd], [], [], 0)[0]
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(OSError):
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signum)
+            elif self.pid is not None:
+                os.kill(self.pid, signum)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether the process has exited within ``timeout_s`` (one not ready yet has nothing to wait for: it
+        exits when it finds its pipes closed)."""
+        if self.pid is None:
+            return True
+        if self._pidfd is not None:
+            return bool(select.select([self._pidfd], [], [], timeout_s)[0])
+        deadline = time.monotonic() + timeout_s
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def signal_kill(self) -> None:
+        """Kill the process, leaving the pipes to the thread that reads them (closing them under it is a race).
+        One not ready yet has no pid: it sees its pipes closed by :meth:`kill` and exits."""
+        self.signal(signal.SIGKILL)
 
     def kill(self) -> None:
         self.signal_kill()
-        with contextlib.suppress(Exception):
-            self.proc.wait(timeout=5)
+        self.wait(5)
         for end in (self.reader, self.writer):
             with contextlib.suppress(OSError):
                 end.close()
-        with contextlib.suppress(OSError):
-            self.stderr.close()
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
 
 
 @dataclass
@@ -199,6 +285,7 @@ class _Scheduler:
         self.requests = 0
         self.slots: list[_Slot] = []
         self.procs: set[_Worker] = set()
+        self.template: _Template | None = None
         self.closed = False
         self.kills = 0
         self.preemptions = 0
@@ -374,7 +461,16 @@ class _Scheduler:
         with self.cv:
             if self.closed:
                 return
-            worker = _Worker(self.config.memory_mb)
+            if self.template is None or self.template.proc.poll() is not None:
+                if self.template is not None:
+                    self.template.close()  # killed, or broken at start-up: a fresh one for this worker
+                self.template = _Template(self.config.memory_mb)
+            try:
+                worker = self.template.fork()
+            except OSError:  # its socket broke (it is exiting): the next spawn starts another
+                self.template.close()
+                self.template = _Template(self.config.memory_mb)
+                worker = self.template.fork()
             self.procs.add(worker)
             slot.worker = worker
 
@@ -479,7 +575,7 @@ class _Scheduler:
             # Between verdicts (at most a timeout apart), slow comparisons that can no longer start in time get
             # theirs, even while every worker is busy: none waits past its deadline for a free dispatcher.
             self.expire()
-            if exiting or worker.proc.poll() is not None:
+            if exiting or not worker.alive():
                 self.retire(slot, replace=True)  # it exits after a MemoryError: do not give it more work
                 self.requeue(tasks[i + 1 :])
                 return
@@ -513,8 +609,7 @@ class _Scheduler:
             if now >= hard:
                 return f"no verdict within {c.timeout_s:.2f}s (math-verify ignored its timer)"
             if preemptible and now >= started + c.probe_s and (batch_waits or self.others_wait(request)):
-                with contextlib.suppress(OSError):
-                    os.kill(worker.proc.pid, signal.SIGUSR1)
+                worker.signal(signal.SIGUSR1)
 
     def _fail_or_close(self, task: _Task, detail: str) -> None:
         if self.closed:
@@ -560,8 +655,11 @@ class _Scheduler:
             # dispatcher thread closes the pipes (closing them under its read is a race).
             worker.signal_kill()
         for worker in workers:
-            with contextlib.suppress(Exception):
-                worker.proc.wait(timeout=5)
+            worker.wait(5)
+        with self.cv:
+            template, self.template = self.template, None
+        if template is not None:
+            template.close()
 
 
 def _close_scheduler(scheduler: _Scheduler, owner_pid: int) -> None:
@@ -660,8 +758,15 @@ class VerifierPool:
         return self._scheduler.preemptions
 
     def pids(self) -> list[int]:
+        """The workers that have started (not the template they are forked from)."""
         with self._scheduler.cv:
-            return [w.proc.pid for w in self._scheduler.procs]
+            return [w.pid for w in self._scheduler.procs if w.pid is not None]
+
+    def template_pid(self) -> int | None:
+        """The process the workers are forked from (None before the first start and after close())."""
+        with self._scheduler.cv:
+            template = self._scheduler.template
+            return None if template is None else template.proc.pid
 
     def start(self, wait: bool = False) -> None:
         """Start the workers (their dispatcher threads start them); with ``wait``, block until every one is ready,

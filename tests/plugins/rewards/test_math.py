@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -218,7 +219,36 @@ def test_hard_kill_when_the_worker_ignores_its_timer() -> None:
         assert code == "timeout" and "worker killed and replaced" in detail, detail
         assert pool.kills == 1 and not _alive(old_pid)
         assert pool.run("x+1", True, "1+x")[0] == "verified"  # the replacement works
-        assert pool.pids() != [old_pid]
+        [new_pid] = pool.pids()
+        assert new_pid != old_pid
+        # Forked from the same warm template: a restart costs a fork, not a fresh interpreter's imports.
+        template = pool.template_pid()
+        assert template is not None and _parent(new_pid) == template == _parent(old_pid, default=template)
+
+
+def _parent(pid: int, default: int | None = None) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except FileNotFoundError:
+        return default
+
+
+def test_a_killed_template_is_replaced_when_a_worker_next_starts() -> None:
+    with VerifierPool(workers=1, timeout_s=0.5) as pool:
+        pool.config.worker_timer = False
+        pool.start(wait=True)
+        [worker] = pool.pids()
+        first = pool.template_pid()
+        assert first is not None and _parent(worker) == first
+        os.kill(first, signal.SIGKILL)
+        # The running worker does not need its template; a replacement does.
+        assert pool.run("x+1", True, "1+x")[0] == "verified"
+        code, detail = pool.run("5^{5^{5^5}}", True, "5")
+        assert code == "timeout" and "worker killed and replaced" in detail, detail
+        assert pool.run("x+2", True, "2+x")[0] == "verified"
+        second = pool.template_pid()
+        assert second not in (None, first) and [_parent(pid) for pid in pool.pids()] == [second]
+    assert pool.template_pid() is None and not _alive(second)
 
 
 def test_workers_have_a_memory_limit(reward: MathReward) -> None:
@@ -293,12 +323,12 @@ def test_no_worker_outlives_the_interpreter(tmp_path: Path) -> None:
         "r = MathReward(workers=2)\n"
         "assert r.score_sync('<answer>\\\\boxed{x+1}</answer>', '1+x').reward == 1.0\n"
         "r.start(wait=True)\n"
-        "print(' '.join(map(str, r._pool.pids())), flush=True)\n"
+        "print(' '.join(map(str, [*r._pool.pids(), r._pool.template_pid()])), flush=True)\n"
         # exits without close(): atexit must clean up
     )
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True)
     pids = [int(p) for p in out.stdout.split()]
-    assert len(pids) == 2
+    assert len(pids) == 3  # two workers and their template
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
