@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -93,7 +93,12 @@ def _vllm_missing_reason() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    """Marks tests slow (or skipped) before ``-m`` selects; once pytest has ordered the rest, the tests on the test
+    process's one Ray instance go first. pytest-xdist's worksteal gives each worker a slice of this order and takes
+    work from the ends of the slices, so they stay on the first worker: Ray (seconds of CPU in its daemons) starts
+    once, not once per worker that happens to get one of them."""
     no_vllm = _vllm_missing_reason()
     for item in items:
         if item.get_closest_marker("vllm") is None:
@@ -108,6 +113,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.slow)
         if missing is not None and not _on_ci():
             item.add_marker(pytest.mark.skip(reason=f"needs the real model: {missing}"))
+    yield
+    items.sort(key=lambda item: item.get_closest_marker("ray") is None)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -113,8 +113,11 @@ class _Template:
 
     def failure(self, timeout_s: float) -> str:
         code = self.proc.poll()
-        self.stderr.seek(0)
-        tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
+        try:
+            self.stderr.seek(0)
+            tail = self.stderr.read()[-2000:].decode(errors="replace").strip()
+        except ValueError:  # closed with the pool meanwhile
+            tail = ""
         state = f"exited with status {code}" if code is not None else f"was not ready after {timeout_s:.0f}s"
         return (
             f"math-verify worker ({sys.executable} -m {_WORKER_MODULE}) {state}. Check that math-verify is "
@@ -142,6 +145,7 @@ class _Worker:
         self.template, self.reader, self.writer = template, reader, writer
         self.pid: int | None = None
         self._pidfd: int | None = None
+        self._pidfd_lock = threading.Lock()  # the dispatcher closes it while close() may still wait on it
         self.ready = False
 
     def wait_ready(self, timeout_s: float, stop: Callable[[], bool]) -> None:
@@ -154,6 +158,8 @@ class _Worker:
         try:
             message = self.reader.recv()
         except (EOFError, OSError):
+            if stop():  # closing the pool killed the template before it forked this worker
+                raise RuntimeError("the VerifierPool was closed while a worker started") from None
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.template.proc.wait(timeout=5)  # it closed the pipe on its way out: report its exit
             raise RuntimeError(self.template.failure(timeout_s)) from None
@@ -172,8 +178,9 @@ class _Worker:
     def alive(self) -> bool:
         if self.pid is None:
             return True
-        if self._pidfd is not None:
-            return not select.select([self._pidfd], [], [], 0)[0]
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                return not select.select([self._pidfd], [], [], 0)[0]
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -181,7 +188,7 @@ class _Worker:
         return True
 
     def signal(self, signum: int) -> None:
-        with contextlib.suppress(OSError):
+        with self._pidfd_lock, contextlib.suppress(OSError):
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, signum)
             elif self.pid is not None:
@@ -192,8 +199,13 @@ class _Worker:
         exits when it finds its pipes closed)."""
         if self.pid is None:
             return True
-        if self._pidfd is not None:
-            return bool(select.select([self._pidfd], [], [], timeout_s)[0])
+        with self._pidfd_lock:
+            pidfd = None if self._pidfd is None else os.dup(self._pidfd)  # a copy: the original may be closed
+        if pidfd is not None:
+            try:
+                return bool(select.select([pidfd], [], [], timeout_s)[0])
+            finally:
+                os.close(pidfd)
         deadline = time.monotonic() + timeout_s
         while self.alive():
             if time.monotonic() > deadline:
@@ -212,10 +224,10 @@ class _Worker:
         for end in (self.reader, self.writer):
             with contextlib.suppress(OSError):
                 end.close()
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pidfd)
-            self._pidfd = None
+        with self._pidfd_lock:
+            pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 @dataclass

@@ -806,7 +806,7 @@ def test_sleeping_calls_overlap(default_sandbox: LocalSandbox) -> None:
         run(default_sandbox.close_session(f"sleep-{i}"))
 
 
-SPIN_S = 3.0
+SPIN_S = 2.0
 """The spinners' timeout: two cores' worth of CPU for that long, against 14 prints that take a fraction of it."""
 
 

@@ -23,7 +23,12 @@ BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
     # Remote backends run against local stand-ins (each skipped when its extra is not installed): e2b against
     # the testkit's code-interpreter server (see backend_options) through the SDK's debug mode, ray on a local Ray
     # instance (started once per test process; zero-CPU actors so several sandboxes fit on a 2-core machine).
-    "ray": {"ray_init": {"num_cpus": 2}, "num_actors": 1, "max_concurrency": 4, "actor_options": {"num_cpus": 0}},
+    "ray": {
+        "ray_init": {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False},
+        "num_actors": 1,
+        "max_concurrency": 4,
+        "actor_options": {"num_cpus": 0},
+    },
 }
 TIMEOUT_S = 1.0
 """Per-call limit in this suite; a call that has not come back within its timeout + SLACK_S fails as a hang."""
@@ -70,7 +75,9 @@ def make(backend: str, **options: Any) -> Sandbox:
     return sandbox
 
 
-@pytest.fixture(scope="module", params=BACKENDS_UNDER_TEST)
+@pytest.fixture(
+    scope="module", params=[pytest.param(b, marks=pytest.mark.ray) if b == "ray" else b for b in BACKENDS_UNDER_TEST]
+)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     box = make(request.param)
     yield box

@@ -20,6 +20,8 @@ ray = pytest.importorskip("ray")
 from rstar_env.sandbox import ExecResult  # noqa: E402
 from rstar_env.sandbox.ray import RaySandbox  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 OPTIONS: dict[str, Any] = {"actor_options": {"num_cpus": 0}, "timeout_s": 5.0, "max_concurrency": 4}
 
 
