@@ -1,8 +1,9 @@
 """The ``ray`` backend on a local Ray instance: routing, batching, and actors that die under load.
 
 The call semantics are the shared protocol suite's (tests/sandbox/test_protocol.py runs it on ``ray`` too).
-Ray starts once per test process (``num_cpus=2``, no dashboard); actors take no CPU reservation so several
-sandboxes fit on a 2-core machine.
+Ray starts once (``num_cpus=2``, no dashboard), in the test process that runs the Ray tests (they run first, see
+tests/conftest.py), and stops when this module ends; actors take no CPU reservation so several sandboxes fit on a
+2-core machine.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_instance() -> Iterator[None]:
-    """One local Ray for the whole test process (the protocol suite may have started it already)."""
+    """One local Ray for this module (the protocol suite's Ray tests, which run just before, may have started it).
+    Shut down at the end: its daemons poll, and would burn CPU beside every later test of this process."""
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield  # left running: Ray shuts itself down at exit, and other test modules may share it
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture
