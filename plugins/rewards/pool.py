@@ -137,6 +137,14 @@ class _Template:
             self.stderr.close()
 
 
+def _exited(pidfd: int, timeout_s: float) -> bool:
+    """Whether the process behind ``pidfd`` has exited, waiting up to ``timeout_s``. ``poll``, not ``select``: in a
+    trainer's process a new descriptor's number may be past select's limit of 1024."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000))
+
+
 class _Worker:
     """One worker process, forked by the template, and the pool's two pipe ends. Its pid is known once it is
     ready; it is not the pool's child, so it is watched and signalled through a pidfd where Linux has them."""
@@ -180,7 +188,7 @@ class _Worker:
             return True
         with self._pidfd_lock:
             if self._pidfd is not None:
-                return not select.select([self._pidfd], [], [], 0)[0]
+                return not _exited(self._pidfd, 0.0)
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -203,7 +211,7 @@ class _Worker:
             pidfd = None if self._pidfd is None else os.dup(self._pidfd)  # a copy: the original may be closed
         if pidfd is not None:
             try:
-                return bool(select.select([pidfd], [], [], timeout_s)[0])
+                return _exited(pidfd, timeout_s)
             finally:
                 os.close(pidfd)
         deadline = time.monotonic() + timeout_s

@@ -251,6 +251,34 @@ def test_a_killed_template_is_replaced_when_a_worker_next_starts() -> None:
     assert pool.template_pid() is None and not _alive(second)
 
 
+def test_a_pool_works_in_a_process_with_more_than_1024_files_open() -> None:
+    # A trainer holds many descriptors, so the pool's own (pipes, the workers' pidfds) may be numbered past 1024,
+    # where select() cannot watch them.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with VerifierPool(workers=1, timeout_s=0.5) as pool:
+            pool.config.worker_timer = False
+
+            def verdict(pred: str, gold: str) -> tuple[str, str]:
+                # A hang guard: a dispatcher thread that died on a descriptor leaves the future unsettled.
+                return pool.submit([(f"\\boxed{{{pred}}}", gold)])[0].result(timeout=60)
+
+            assert verdict("x+1", "1+x")[0] == "verified"
+            code, detail = verdict("5^{5^{5^5}}", "5")  # the hard kill waits on the worker's pidfd
+            assert code == "timeout" and pool.kills == 1, detail
+            assert verdict("x+2", "2+x")[0] == "verified"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_workers_have_a_memory_limit(reward: MathReward) -> None:
     reward.start(wait=True)
     assert reward._pool is not None
