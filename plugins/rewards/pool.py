@@ -171,7 +171,9 @@ class _Worker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.template.proc.wait(timeout=5)  # it closed the pipe on its way out: report its exit
             raise RuntimeError(self.template.failure(timeout_s)) from None
-        if not (isinstance(message, tuple) and message[:1] == ("ready",) and isinstance(message[1:2][0], int)):
+        if not (
+            isinstance(message, tuple) and len(message) == 2 and message[0] == "ready" and isinstance(message[1], int)
+        ):
             raise RuntimeError(f"math-verify worker sent {message!r} instead of its ready message")
         self.pid = message[1]
         if hasattr(os, "pidfd_open"):
