@@ -484,17 +484,21 @@ class _Scheduler:
             if self.closed:
                 return
             if self.template is None or self.template.proc.poll() is not None:
-                if self.template is not None:
-                    self.template.close()  # killed, or broken at start-up: a fresh one for this worker
-                self.template = _Template(self.config.memory_mb)
+                self._new_template()  # the first, or the last one was killed or broke at start-up
+            assert self.template is not None
             try:
                 worker = self.template.fork()
-            except OSError:  # its socket broke (it is exiting): the next spawn starts another
-                self.template.close()
-                self.template = _Template(self.config.memory_mb)
-                worker = self.template.fork()
+            except OSError:  # its socket broke: it is exiting
+                worker = self._new_template().fork()
             self.procs.add(worker)
             slot.worker = worker
+
+    def _new_template(self) -> _Template:
+        """A fresh template in place of the current one (closed, if any). Called with ``cv`` held."""
+        if self.template is not None:
+            self.template.close()
+        self.template = _Template(self.config.memory_mb)
+        return self.template
 
     def retire(self, slot: _Slot, replace: bool) -> None:
         worker, slot.worker = slot.worker, None
