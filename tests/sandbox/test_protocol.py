@@ -19,6 +19,8 @@ from rstar_env.sandbox._base import ThreadedSandbox
 from .._forked import in_forked_child
 
 BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
+BACKEND_PARAMS = [pytest.param(b, marks=pytest.mark.ray) if b == "ray" else b for b in BACKENDS_UNDER_TEST]
+"""The backends as test parameters: Ray's are marked, so that they run together, first, on one local Ray."""
 BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
     # Remote backends run against local stand-ins (each skipped when its extra is not installed): e2b against
     # the testkit's code-interpreter server (see backend_options) through the SDK's debug mode, ray on a local Ray
@@ -75,9 +77,7 @@ def make(backend: str, **options: Any) -> Sandbox:
     return sandbox
 
 
-@pytest.fixture(
-    scope="module", params=[pytest.param(b, marks=pytest.mark.ray) if b == "ray" else b for b in BACKENDS_UNDER_TEST]
-)
+@pytest.fixture(scope="module", params=BACKEND_PARAMS)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     box = make(request.param)
     yield box
@@ -200,7 +200,7 @@ def test_output_printed_before_a_timeout_is_kept(sandbox: Sandbox) -> None:
     assert (result.status, result.stdout) == ("timeout", "progress\n")
 
 
-@pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_output_limit(backend: str) -> None:
     box = make(backend, max_output_bytes=10_000)
     try:
@@ -316,7 +316,7 @@ def test_a_slow_call_does_not_block_others(sandbox: Sandbox) -> None:
 # --------------------------------------------------------------------------------------------------- lifecycle
 
 
-@pytest.mark.parametrize("backend", BACKENDS_UNDER_TEST)
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_context_manager_and_idempotent_close(backend: str) -> None:
     async def scenario() -> ExecResult:
         async with create_sandbox(backend, timeout_s=TIMEOUT_S, **backend_options(backend)) as box:

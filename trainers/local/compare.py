@@ -135,7 +135,7 @@ _interrupted = False
 
 
 def _child_init(messages: Any, stopping: Any) -> None:
-    """A spawned arm process. Ctrl-C reaches every process of the terminal's group: an idle one ignores it (the
+    """An arm process. Ctrl-C reaches every process of the terminal's group: an idle one ignores it (the
     parent cancels the arms not started), a training one stops at its first (see :func:`_on_interrupt`)."""
     global _messages, _stopping
     _messages, _stopping = messages, stopping
@@ -215,7 +215,10 @@ def _run_parallel(
     import queue as queue_module
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    context = mp.get_context("spawn")  # CUDA cannot be forked
+    # Not forked from this process (CUDA cannot be forked, and its threads make fork unsafe): from a fork server, a
+    # clean interpreter that imports the trainer (torch, transformers: seconds of CPU) once for every arm.
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["rstar_trainers.local.trainer"])
     threads = max(1, (os.cpu_count() or 1) // jobs)
     messages, stopping = context.Queue(), context.Event()
     training: set[int] = set()  # pids of the arm processes in the middle of an arm
