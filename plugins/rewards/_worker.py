@@ -331,9 +331,14 @@ def _reap(*_: object) -> None:
             pass
 
 
-def template(control: socket.socket, memory_mb: int) -> None:
-    """Fork a worker for each request on ``control``; return when the pool closes it or goes away."""
-    warm()
+def template(control: socket.socket, memory_mb: int, warm_up: bool = True) -> None:
+    """Fork a worker for each request on ``control``; return when the pool closes it or goes away. Without
+    ``warm_up``, math-verify is imported but its parsers are left cold (each worker warms its own as it goes)."""
+    if warm_up:
+        warm()
+    else:
+        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+        import math_verify  # noqa: F401
     parent = os.getppid()
     signal.signal(signal.SIGCHLD, _reap)
     while True:
@@ -367,13 +372,14 @@ def template(control: socket.socket, memory_mb: int) -> None:
 
 def main() -> None:
     memory_mb = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    warm_up = sys.argv[2] != "cold" if len(sys.argv) > 2 else True
     # Standard input is the pool's socket; anything printed by library code goes to stderr.
     control = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the workers forked from here must not hold the pool's socket
     os.close(devnull)
     os.dup2(2, 1)
-    template(control, memory_mb)
+    template(control, memory_mb, warm_up)
 
 
 if __name__ == "__main__":

@@ -76,14 +76,14 @@ class _Template:
     worker is forked from it. Its standard input is one end of a Unix socket, on which the pool sends each new
     worker's pipe ends."""
 
-    def __init__(self, memory_mb: int) -> None:
+    def __init__(self, memory_mb: int, warm_up: bool = True) -> None:
         # stderr goes to an anonymous file rather than a pipe: a chatty worker can never block on a full pipe,
         # and a template that dies at start-up leaves its traceback for the error message.
         self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self.sock, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", _WORKER_MODULE, str(memory_mb)],
+                [sys.executable, "-m", _WORKER_MODULE, str(memory_mb), "warm" if warm_up else "cold"],
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 stderr=self.stderr,
@@ -252,6 +252,7 @@ class _Config:
     startup_timeout_s: float
     worker_timer: bool = True
     max_per_client: int | None = None
+    warm_up: bool = True
 
 
 class _Task:
@@ -497,7 +498,7 @@ class _Scheduler:
         """A fresh template in place of the current one (closed, if any). Called with ``cv`` held."""
         if self.template is not None:
             self.template.close()
-        self.template = _Template(self.config.memory_mb)
+        self.template = _Template(self.config.memory_mb, self.config.warm_up)
         return self.template
 
     def retire(self, slot: _Slot, replace: bool) -> None:
@@ -704,8 +705,10 @@ class VerifierPool:
     this many seconds of its submission, a ``timeout`` when the workers had no room for its full attempt
     (default: 4 x ``timeout_s``).
     ``memory_mb``: each worker's address-space limit (0: none). ``max_per_client``: comparisons of one client
-    started and without a verdict at once (None: no cap), so one client never holds every worker. See the module
-    docstring for the schedule.
+    started and without a verdict at once (None: no cap), so one client never holds every worker. ``warm_up``:
+    compare typical answers once in the template before it forks workers (about 1.3 CPU-seconds at start; each
+    worker then parses its first answers about twice as fast); off for a pool that scores a few answers. See the
+    module docstring for the schedule.
     """
 
     def __init__(
@@ -718,6 +721,7 @@ class VerifierPool:
         probe_s: float | None = None,
         latency_s: float | None = None,
         max_per_client: int | None = None,
+        warm_up: bool = True,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -747,6 +751,7 @@ class VerifierPool:
             memory_mb=int(memory_mb),
             startup_timeout_s=startup_timeout_s,
             max_per_client=max_per_client,
+            warm_up=warm_up,
         )
         """The limits, read by the dispatcher threads at each comparison (``worker_timer=False``: the workers arm
         no timer of their own, so only the hard kill ends a comparison; for tests of that kill)."""

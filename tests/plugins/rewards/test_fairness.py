@@ -4,7 +4,9 @@
 the preemption signal. Before the fair queue, 14 such answers ahead of a correct one on 2 workers held the queue
 for longer than ``reward_timeout_s=20``: the correct answer and the last slow ones ended ``env_error``. The test
 runs that scenario shorter (8 slow answers at ``timeout_s=1.5``: each one's work is CPU burnt to its timeout) and
-checks what the first-come queue got wrong: the order in which the answers are scored.
+checks what the first-come queue got wrong: the order in which the answers are scored. Every pool here starts
+without the parsers' warm-up (``warm_up=False``): the schedule is under test, and the warm-up would cost each pool
+1.7 CPU-seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def tower(k: int) -> str:
 @pytest.fixture
 def shared_reward() -> Iterator[MathReward]:
     # Half the default timeout_s (3.0): the finding's scenario at half its length, and half its CPU.
-    reward = MathReward(workers=2, cache_size=0, timeout_s=1.5)
+    reward = MathReward(workers=2, cache_size=0, timeout_s=1.5, warm_up=False)
     # The scenario is about the queue: start-up (seconds, more on a loaded machine) is paid before it.
     reward.start(wait=True)
     yield reward
@@ -43,7 +45,7 @@ def pool() -> Iterator[VerifierPool]:
     """One worker, 1.5 s timeout, 0.25 s probe, shared by the tests that leave it idle when they end (every
     comparison answered, no monkeypatch): a worker's start costs seconds of CPU, the scenarios do not need a fresh
     one. A slow answer that returns to the interpreter keeps its worker, so no test hands the next a restart."""
-    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as shared:
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25, warm_up=False) as shared:
         shared.start(wait=True)
         yield shared
 
@@ -137,7 +139,7 @@ def test_a_worker_that_reads_its_batch_late_still_yields_after_its_probe(monkeyp
         original(self, slot, tasks, first)
 
     monkeypatch.setattr(_Scheduler, "run_tasks", run_tasks_late)
-    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25, warm_up=False) as pool:
         pool.start(wait=True)
         order: list[str] = []
         slow = pool.submit([(f"\\boxed{{{tower(5)}}}", "5")])[0]
@@ -160,7 +162,7 @@ def test_within_one_request_the_order_is_first_come(pool: VerifierPool) -> None:
 
 
 def test_a_cancelled_comparison_is_never_run() -> None:
-    with VerifierPool(workers=1, timeout_s=1.5) as pool:
+    with VerifierPool(workers=1, timeout_s=1.5, warm_up=False) as pool:
         pool.start(wait=True)
         busy = pool.submit([(f"\\boxed{{{tower(5)}}}", "5")])[0]
         time.sleep(0.2)  # the worker has the slow one; the next waits in the queue
@@ -174,7 +176,7 @@ def test_a_cancelled_comparison_is_never_run() -> None:
 def test_workers_that_cannot_start_are_a_system_failure_not_a_score(monkeypatch) -> None:
     # env_error stays for real failures: a broken install is never scored 0 (nor waited on forever).
     monkeypatch.setattr("rstar_plugins.rewards.pool._WORKER_MODULE", "rstar_plugins.rewards._no_such_worker")
-    reward = MathReward(workers=1, cache_size=0)
+    reward = MathReward(workers=1, cache_size=0, warm_up=False)
     env = make_env(tools=[], reward=reward, reward_timeout_s=30)
     try:
         with pytest.raises(RuntimeError, match=r"math-verify worker .* exited"):
@@ -256,7 +258,7 @@ def test_an_episodes_answer_is_queued_under_its_client(monkeypatch) -> None:
         return submit(self, items, client=client)
 
     monkeypatch.setattr(VerifierPool, "submit", spy)
-    reward = MathReward(workers=1, cache_size=0)
+    reward = MathReward(workers=1, cache_size=0, warm_up=False)
     env = make_env(tools=[], reward=reward)
     env.unwrapped.client = "alice"
     try:

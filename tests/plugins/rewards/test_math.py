@@ -38,7 +38,7 @@ def _alive(pid: int) -> bool:
     # A zombie still answers kill(0); it is dead for our purposes.
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before, or between the open and the read
         return False
 
 
@@ -51,7 +51,8 @@ def reward() -> Iterator[MathReward]:
 
 @pytest.fixture(scope="module")
 def fast_timeout_reward() -> Iterator[MathReward]:
-    r = MathReward(workers=1, timeout_s=1.0, cache_size=0)
+    # Cold parsers (no warm-up in the template: 1.7 CPU-s less to start): the limits are under test, not speed.
+    r = MathReward(workers=1, timeout_s=1.0, cache_size=0, warm_up=False)
     r.start(wait=True)  # so the timing assertions measure comparisons, not the worker start
     yield r
     r.close()
@@ -209,7 +210,8 @@ def test_power_tower_times_out(fast_timeout_reward: MathReward) -> None:
 
 def test_hard_kill_when_the_worker_ignores_its_timer() -> None:
     # Simulates code stuck where no signal handler runs: the worker's own timer is set far past the hard limit.
-    with VerifierPool(workers=1, timeout_s=0.5) as pool:
+    # The lifecycle tests below start their pools without the parsers' warm-up, which they do not need.
+    with VerifierPool(workers=1, timeout_s=0.5, warm_up=False) as pool:
         pool.config.worker_timer = False
         pool.start(wait=True)
         [old_pid] = pool.pids()
@@ -221,20 +223,21 @@ def test_hard_kill_when_the_worker_ignores_its_timer() -> None:
         assert pool.run("x+1", True, "1+x")[0] == "verified"  # the replacement works
         [new_pid] = pool.pids()
         assert new_pid != old_pid
-        # Forked from the same warm template: a restart costs a fork, not a fresh interpreter's imports.
+        # Forked from the same template: a restart costs a fork, not a fresh interpreter's imports.
         template = pool.template_pid()
         assert template is not None and _parent(new_pid) == template == _parent(old_pid, default=template)
+        assert Path(f"/proc/{template}/cmdline").read_bytes().split(b"\0")[-2] == b"cold"  # warm_up=False reached it
 
 
 def _parent(pid: int, default: int | None = None) -> int | None:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return default
 
 
 def test_a_killed_template_is_replaced_when_a_worker_next_starts() -> None:
-    with VerifierPool(workers=1, timeout_s=0.5) as pool:
+    with VerifierPool(workers=1, timeout_s=0.5, warm_up=False) as pool:
         pool.config.worker_timer = False
         pool.start(wait=True)
         [worker] = pool.pids()
@@ -262,7 +265,7 @@ def test_a_pool_works_in_a_process_with_more_than_1024_files_open() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard))
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        with VerifierPool(workers=1, timeout_s=0.5) as pool:
+        with VerifierPool(workers=1, timeout_s=0.5, warm_up=False) as pool:
             pool.config.worker_timer = False
 
             def verdict(pred: str, gold: str) -> tuple[str, str]:
@@ -333,7 +336,7 @@ def test_score_does_not_block_the_loop(fast_timeout_reward: MathReward) -> None:
 
 
 def test_close_stops_workers_and_reuse_restarts() -> None:
-    r = MathReward(workers=1)
+    r = MathReward(workers=1, warm_up=False)
     assert r.score_sync(boxed("x+1"), "1+x").reward == 1.0
     assert r._pool is not None
     pids = r._pool.pids()
@@ -348,7 +351,7 @@ def test_no_worker_outlives_the_interpreter(tmp_path: Path) -> None:
     script = tmp_path / "leak.py"
     script.write_text(
         "from rstar_plugins.rewards import MathReward\n"
-        "r = MathReward(workers=2)\n"
+        "r = MathReward(workers=2, warm_up=False)\n"
         "assert r.score_sync('<answer>\\\\boxed{x+1}</answer>', '1+x').reward == 1.0\n"
         "r.start(wait=True)\n"
         "print(' '.join(map(str, [*r._pool.pids(), r._pool.template_pid()])), flush=True)\n"
@@ -365,7 +368,7 @@ def test_no_worker_outlives_the_interpreter(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_gets_its_own_workers_and_leaves_the_parents_alone() -> None:
-    r = MathReward(workers=1)
+    r = MathReward(workers=1, warm_up=False)
     try:
         assert r.score_sync(boxed("x+1"), "1+x").reward == 1.0
         assert r._pool is not None
