@@ -15,8 +15,11 @@ from rstar_env import ENV_ID, TokenAction
 from rstar_env.spaces import SharedTextBatch, UnicodeText
 from rstar_env.testing import python_call
 
-# Built-in plugins only: a spawned worker imports rstar_env afresh and sees no plugin registered at run time.
-OPTIONS = {"tools": ["python"], "reward": "math", "max_turns": 3, "dataset": "arithmetic:n=100"}
+from ._pools import LIGHT_PYTHON
+
+# Built-in plugins only: a spawned worker imports rstar_env afresh and sees no plugin registered at run time. Each
+# worker starts its own sandbox pool: a light one (the vector env is under test, not the pool's imports).
+OPTIONS = {"tools": [LIGHT_PYTHON], "reward": "math", "max_turns": 3, "dataset": "arithmetic:n=100"}
 CODE = "print('π ≈', 355 / 113, '中文\\x00end')"
 
 

@@ -17,6 +17,7 @@ from rstar_env.sandbox import ExecResult, Sandbox, SandboxError, create_sandbox
 from rstar_env.sandbox._base import ThreadedSandbox
 
 from .._forked import in_forked_child
+from .._pools import LIGHT_POOL
 
 BACKENDS_UNDER_TEST: list[str] = ["local", "subprocess", "e2b", "ray"]
 BACKEND_PARAMS = [pytest.param(b, marks=pytest.mark.ray) if b == "ray" else b for b in BACKENDS_UNDER_TEST]
@@ -30,6 +31,7 @@ BACKEND_OPTIONS: dict[str, dict[str, Any]] = {
         "num_actors": 1,
         "max_concurrency": 4,
         "actor_options": {"num_cpus": 0},
+        "local_options": LIGHT_POOL,  # the Ray layer is under test here; the local pool as "local"
     },
 }
 TIMEOUT_S = 1.0

@@ -21,9 +21,18 @@ ray = pytest.importorskip("ray")
 from rstar_env.sandbox import ExecResult  # noqa: E402
 from rstar_env.sandbox.ray import RaySandbox  # noqa: E402
 
+from .._pools import LIGHT_POOL  # noqa: E402
+
 pytestmark = pytest.mark.ray
 
-OPTIONS: dict[str, Any] = {"actor_options": {"num_cpus": 0}, "timeout_s": 5.0, "max_concurrency": 4}
+# Each actor's own local pool is a light one: the actors' batching, spreading and replacement are under test here,
+# the local pool itself in the protocol and hostile suites.
+OPTIONS: dict[str, Any] = {
+    "actor_options": {"num_cpus": 0},
+    "timeout_s": 5.0,
+    "max_concurrency": 4,
+    "local_options": LIGHT_POOL,
+}
 
 
 def run(coro: Any) -> Any:
