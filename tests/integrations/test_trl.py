@@ -243,9 +243,10 @@ def test_the_reward_function_scores_the_last_assistant_message():
 
 
 # -- two GRPOTrainer steps on CPU -----------------------------------------------------------------------------------
-MAX_COMPLETION = 400
-"""Room for the scripted tool call, its feedback and the model's own answer (the 2-layer model's 320-token
-vocabulary spells them in about 4x as many tokens as SmolLM2's)."""
+MAX_COMPLETION = 160
+"""Room for the scripted tool call and its feedback (69 and 58 tokens: the 2-layer model's 320-token vocabulary
+spells them in about 4x as many tokens as SmolLM2's) and some of the model's own answer. A random model writes to
+the limit, and that token-by-token generation is most of a step's time on a CPU."""
 TOOL_CODE = "print('<|im_end|>', 6 * 7)"
 SYSTEM = "Solve the problem. You may call the python tool."
 """Short prompts: the forward and backward passes over them are most of a step's time on a CPU."""

@@ -273,37 +273,6 @@ def tiny_run(tmp_path: Any, reward: str = "parity_test", **trainer: Any) -> Any:
     )
 
 
-def test_paired_compare_reports_differences_with_an_interval(tmp_path, tiny, parity_reward):
-    pytest.importorskip("matplotlib")
-    import json
-
-    from rstar_trainers.local.compare import run_compare
-    from rstar_trainers.local.config import trainer_config
-
-    run = tiny_run(tmp_path)
-    summary = run_compare(
-        run, trainer_config(run), out=tmp_path / "cmp", model="unused", seeds=[0, 1], steps=1, model_and_tokenizer=tiny
-    )
-    # Common random numbers: both arms drew the same step-1 rollouts, token for token.
-    assert summary["paired_step1"] == {"0": {"identical": 16, "of": 16}, "1": {"identical": 16, "of": 16}}
-    first = {
-        arm: json.loads((tmp_path / "cmp" / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()[0])
-        for arm in ("grpo", "roc")
-    }
-    assert first["grpo"]["reward"] == first["roc"]["reward"]
-    paired = summary["paired"]["reward"]["all_steps"]
-    assert set(paired["per_seed"]) == {"0", "1"}
-    low, high = paired["ci95"]
-    assert low <= paired["mean"] <= high
-    # float32: the sampler's log-probs are a teacher-forced pass's to rounding.
-    assert first["roc"]["logprob_gap/mean_abs"] < 1e-4 and first["roc"]["logprob_gap/outside_clip"] == 0.0
-    text = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "Paired difference RoC - GRPO" in text and "95% CI" in text
-    csv = (tmp_path / "cmp" / "per_step.csv").read_text().splitlines()
-    assert csv[0].startswith("seed,step,arm,tool_error_ratio_correct") and len(csv) == 1 + 2 * 2  # seeds x arms x steps
-    assert (tmp_path / "cmp" / "roc_check.json").exists() and (tmp_path / "cmp" / "compare.png").exists()
-
-
 def test_t_interval_matches_the_textbook():
     from rstar_trainers.local.compare import t_interval
 
@@ -378,10 +347,15 @@ def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, ti
         assert results[1][arm]["response_tokens"] == results[2][arm]["response_tokens"]
 
 
-def test_compare_command_shows_each_arms_progress_and_a_narrow_table(tmp_path, tiny, parity_reward):
-    """What a user reads while `rstar-env compare` runs: per-arm progress within steps (a CPU step takes minutes),
-    one table row per arm and step within 80 columns, then the paired difference."""
+def test_compare_command_pairs_the_arms_and_shows_progress_a_narrow_table_and_an_interval(
+    tmp_path, tiny, parity_reward
+):
+    """`rstar-env compare` with two seeds: both arms draw the same step-1 rollouts, the report gives each seed's
+    difference and an interval, and what a user reads while it runs is per-arm progress within steps (a CPU step
+    takes minutes), one table row per arm and step within 80 columns, then the paired difference."""
     pytest.importorskip("matplotlib")
+    import json
+
     import yaml
     from click.testing import CliRunner
 
@@ -390,7 +364,7 @@ def test_compare_command_shows_each_arms_progress_and_a_narrow_table(tmp_path, t
     model, tokenizer = tiny
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    run = tiny_run(tmp_path, logprob_gap=False)
+    run = tiny_run(tmp_path)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run.model_dump(mode="json", exclude_none=True)))
     result = CliRunner().invoke(
@@ -424,6 +398,26 @@ def test_compare_command_shows_each_arms_progress_and_a_narrow_table(tmp_path, t
     for arm in ("grpo/0", "roc/1"):
         assert any(line.startswith(f"{arm} step 1: rollouts: 16/16") for line in lines), result.output
     assert "paired difference RoC - GRPO" in result.output
+
+    cmp = tmp_path / "cmp"
+    summary = json.loads((cmp / "compare.json").read_text())
+    # Common random numbers: both arms drew the same step-1 rollouts, token for token.
+    assert summary["paired_step1"] == {"0": {"identical": 16, "of": 16}, "1": {"identical": 16, "of": 16}}
+    first = {
+        arm: json.loads((cmp / f"{arm}-seed0" / "metrics.jsonl").read_text().splitlines()[0]) for arm in ("grpo", "roc")
+    }
+    assert first["grpo"]["reward"] == first["roc"]["reward"]
+    paired = summary["paired"]["reward"]["all_steps"]
+    assert set(paired["per_seed"]) == {"0", "1"}
+    low, high = paired["ci95"]
+    assert low <= paired["mean"] <= high
+    # float32: the sampler's log-probs are a teacher-forced pass's to rounding.
+    assert first["roc"]["logprob_gap/mean_abs"] < 1e-4 and first["roc"]["logprob_gap/outside_clip"] == 0.0
+    text = (cmp / "compare.md").read_text()
+    assert "Paired difference RoC - GRPO" in text and "95% CI" in text
+    csv = (cmp / "per_step.csv").read_text().splitlines()
+    assert csv[0].startswith("seed,step,arm,tool_error_ratio_correct") and len(csv) == 1 + 2 * 2  # seeds x arms x steps
+    assert (cmp / "roc_check.json").exists() and (cmp / "compare.png").exists()
 
 
 def test_ctrl_c_stops_parallel_arms_with_checkpoints_and_no_tracebacks(tmp_path, tiny):
