@@ -17,8 +17,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-pytest.importorskip("trl", reason="the TRL integration needs the trl extra: pip install 'rstar-env[trl]'")
-
 from rstar_env.env import MathToolEnv
 from rstar_env.format import MARKER_BREAK, format_tool_call
 from rstar_env.integrations.trl import (
@@ -36,6 +34,12 @@ from rstar_env.integrations.trl import (
 from rstar_env.rollout.collect import trajectory_tokens
 from rstar_env.rollout.policy import Generation, Request
 from rstar_env.trajectory import Trajectory, Turn
+
+from .._extras import require
+
+require(
+    "trl", "the TRL integration needs the trl extra: pip install 'rstar-env[trl]'"
+)  # imported by the tests, not here
 
 ROWS = [{"problem": "What is 6 * 7?", "answer": "42"}, {"problem": "What is 2 + 3?", "answer": "5"}]
 

@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("e2b_code_interpreter")
-
 from rstar_env.sandbox import ExecResult, SandboxError, create_sandbox
 from rstar_env.sandbox.e2b import E2BSandbox, classify
 from rstar_env_testkit.e2b_server import CodeInterpreterServer
+
+from .._extras import require
+
+require("e2b_code_interpreter", "pip install 'rstar-env[e2b]'")  # imported by the tests, not here
 
 FAST_RETRIES = {"backoff_s": 0.01, "max_backoff_s": 0.05, "seed": 0}
 

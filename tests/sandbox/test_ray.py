@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray")
+from .._extras import require
+
+require("ray", "pip install 'rstar-env[ray]'")
 
 from rstar_env.sandbox import ExecResult  # noqa: E402
 from rstar_env.sandbox.ray import RaySandbox  # noqa: E402
@@ -43,6 +45,8 @@ def run(coro: Any) -> Any:
 def ray_instance() -> Iterator[None]:
     """One local Ray for this module (the protocol suite's Ray tests, which run just before, may have started it).
     Shut down at the end: its daemons poll, and would burn CPU beside every later test of this process."""
+    import ray
+
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
@@ -118,6 +122,8 @@ def test_stateless_calls_spread_over_actors(make: Any) -> None:
 
 
 def test_an_actor_killed_mid_load(make: Any) -> None:
+    import ray
+
     box = make(num_actors=2)
     victim, survivor = box._actors
 

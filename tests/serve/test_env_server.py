@@ -5,17 +5,16 @@ truth, errors that keep the session, dropped clients, tokens, and a SIGTERM that
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
-    pytest.skip("needs the serve extra: pip install -e '.[serve]'", allow_module_level=True)
+from .._extras import require
+
+require("openenv", "the serve extra: pip install -e '.[serve]'")
 
 psutil = pytest.importorskip("psutil")
 httpx = pytest.importorskip("httpx")
@@ -23,7 +22,13 @@ httpx = pytest.importorskip("httpx")
 from rstar_env.bench.serve import READY, ServerProcess  # noqa: E402  (after the skips: the serve extra)
 from rstar_env.serve import import_openenv  # noqa: E402
 
-import_openenv()  # OpenEnv's clients below, without its Gradio web UI
+
+@pytest.fixture(scope="module", autouse=True)
+def _openenv_without_gradio() -> None:
+    """OpenEnv's clients, imported by the tests, without its Gradio web UI (imported here, not at collection: every
+    test process collects this module, one runs it)."""
+    import_openenv()
+
 
 CALL = '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a} * {b})"}}}}\n</tool_call>'
 

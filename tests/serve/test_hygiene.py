@@ -6,9 +6,7 @@ flood of ``/run_code`` adds at most one call's time to another client's call."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 import resource
 import socket
 import threading
@@ -18,15 +16,22 @@ from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
-    pytest.skip("needs the serve extra: pip install -e '.[serve]'", allow_module_level=True)
+from .._extras import require
+
+require("openenv", "the serve extra: pip install -e '.[serve]'")
 
 httpx = pytest.importorskip("httpx")
 
 from rstar_env.bench.serve import ServerProcess  # noqa: E402  (after the skips: the serve extra)
 from rstar_env.serve import import_openenv  # noqa: E402
 
-import_openenv()  # OpenEnv's clients below, without its Gradio web UI
+
+@pytest.fixture(scope="module", autouse=True)
+def _openenv_without_gradio() -> None:
+    """OpenEnv's clients, imported by the tests, without its Gradio web UI (imported here, not at collection: every
+    test process collects this module, one runs it)."""
+    import_openenv()
+
 
 ALICE, BOB = "alice-7f3c9e1d2b", "bob-0a8e55c4f1"
 

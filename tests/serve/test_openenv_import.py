@@ -3,15 +3,13 @@ of every server start and client import), unless ``ENABLE_WEB_INTERFACE`` turns 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 
-import pytest
+from .._extras import require
 
-if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
-    pytest.skip("needs the serve extra: pip install -e '.[serve]'", allow_module_level=True)
+require("openenv", "the serve extra: pip install -e '.[serve]'")
 
 PROBE = """
 import importlib.util, sys

@@ -3,14 +3,13 @@ verl's ``sandbox_fusion`` tool sends; ``/verify`` on the same server."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Iterator
 
 import pytest
 
-if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
-    pytest.skip("needs the serve extra: pip install -e '.[serve]'", allow_module_level=True)
+from .._extras import require
+
+require("openenv", "the serve extra: pip install -e '.[serve]'")
 
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")

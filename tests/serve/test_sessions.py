@@ -6,17 +6,16 @@ client that made them, and a ``/run_jupyter`` run stops when its client hangs up
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import os
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
 
-if importlib.util.find_spec("openenv") is None and os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
-    pytest.skip("needs the serve extra: pip install -e '.[serve]'", allow_module_level=True)
+from .._extras import require
+
+require("openenv", "the serve extra: pip install -e '.[serve]'")
 
 httpx = pytest.importorskip("httpx")
 
