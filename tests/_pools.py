@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 LIGHT_POOL: dict[str, Any] = {"preload": [], "warmup": None}
@@ -11,3 +12,18 @@ config keep it."""
 
 LIGHT_PYTHON: dict[str, Any] = {"name": "python", "options": {"sandbox_options": LIGHT_POOL}}
 """The ``python`` tool on a light pool, as an env's ``tools`` entry."""
+
+
+def light_config(path: Path, *, sandbox: dict[str, Any] | None = None, **python: Any) -> Path:
+    """Write a run config to ``path`` for a server under test: the ``python`` tool (with ``python`` options) on a
+    light pool (``sandbox``: more of its options), and the ``math`` reward without its parsers' warm-up. Each
+    ``rstar-env serve env`` of the suite starts its own pool and verifier: 2.5 CPU-seconds less each."""
+    import yaml
+
+    options = {**python, "sandbox_options": {**LIGHT_POOL, **(sandbox or {})}}
+    config = {
+        "tools": [{"name": "python", "options": options}],
+        "reward": {"name": "math", "options": {"warm_up": False}},
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .._extras import require
+from .._pools import light_config
 
 require("openenv", "the serve extra: pip install -e '.[serve]'")
 
@@ -51,8 +52,9 @@ class Server(ServerProcess):
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    running = Server("env", "--max-sessions", "64")
+def server(tmp_path_factory) -> Iterator[Server]:
+    config = light_config(tmp_path_factory.mktemp("config") / "run.yaml")
+    running = Server("env", "--config", str(config), "--max-sessions", "64")
     yield running
     if running.proc.poll() is None:
         code, alive = running.stop()
@@ -233,7 +235,11 @@ def _tiny_tokenizer(folder: Path) -> Path:
 def token_server(tmp_path_factory) -> Iterator[tuple[Server, Path]]:
     pytest.importorskip("transformers")
     folder = _tiny_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-    running = Server("env", "--model", str(folder), "--max-session-s", "10", env={"RSTAR_ENV_SERVE_TOKEN": "s3cret"})
+    config = light_config(folder / "run.yaml")
+    running = Server(
+        "env", "--config", str(config), "--model", str(folder), "--max-session-s", "10",
+        env={"RSTAR_ENV_SERVE_TOKEN": "s3cret"},
+    )  # fmt: skip
     yield running, folder
     if running.proc.poll() is None:
         running.proc.kill()
@@ -305,8 +311,7 @@ def test_a_dropped_session_frees_its_sandbox_session_and_sigterm_leaves_nothing_
 
     from websockets.sync.client import connect
 
-    config = tmp_path / "stateful.yaml"
-    config.write_text("tools:\n  - name: python\n    options: {stateful: true}\n")
+    config = light_config(tmp_path / "stateful.yaml", stateful=True)
     server = Server("env", "--config", str(config), "--drain-s", "5")
 
     def call(code: str) -> str:

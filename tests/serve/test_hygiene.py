@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from .._extras import require
+from .._pools import light_config
 
 require("openenv", "the serve extra: pip install -e '.[serve]'")
 
@@ -40,8 +41,7 @@ ALICE, BOB = "alice-7f3c9e1d2b", "bob-0a8e55c4f1"
 def server(tmp_path_factory) -> Iterator[ServerProcess]:
     """One server for the tests that need no token: its sandbox pool has 2 workers, which the flood test needs and
     the others do not notice (each start of ``serve env`` costs seconds of imports, so they share it)."""
-    config = tmp_path_factory.mktemp("config") / "run.yaml"
-    config.write_text("tools:\n  - name: python\n    options: {sandbox_options: {max_concurrency: 2}}\n")
+    config = light_config(tmp_path_factory.mktemp("config") / "run.yaml", sandbox={"max_concurrency": 2})
     running = ServerProcess("env", "--config", str(config), start_timeout_s=240)
     yield running
     assert running.stop() == 0, running.output()[-3000:]
@@ -51,8 +51,18 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
 def token_server(tmp_path_factory) -> Iterator[ServerProcess]:
     tokens = tmp_path_factory.mktemp("tokens") / "tokens"
     tokens.write_text(f"# one line per client\nalice {ALICE}\nbob {BOB}\n")
+    config = light_config(tokens.parent / "run.yaml")
     running = ServerProcess(
-        "env", "--token-file", str(tokens), "--read-timeout-s", "1", "--log-level", "debug", start_timeout_s=240
+        "env",
+        "--config",
+        str(config),
+        "--token-file",
+        str(tokens),
+        "--read-timeout-s",
+        "1",
+        "--log-level",
+        "debug",
+        start_timeout_s=240,
     )
     yield running
     running.stop()

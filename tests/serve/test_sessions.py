@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from .._extras import require
+from .._pools import light_config
 
 require("openenv", "the serve extra: pip install -e '.[serve]'")
 
@@ -25,8 +26,11 @@ IDLE_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    running = ServerProcess("env", "--max-sessions", "3", "--idle-timeout-s", str(IDLE_S), start_timeout_s=240)
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    config = light_config(tmp_path_factory.mktemp("config") / "run.yaml")
+    running = ServerProcess(
+        "env", "--config", str(config), "--max-sessions", "3", "--idle-timeout-s", str(IDLE_S), start_timeout_s=240
+    )
     yield running
     assert running.stop() == 0, running.output()[-3000:]
 
