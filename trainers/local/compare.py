@@ -216,9 +216,15 @@ def _run_parallel(
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # Not forked from this process (CUDA cannot be forked, and its threads make fork unsafe): from a fork server, a
-    # clean interpreter that imports the trainer (torch, transformers: seconds of CPU) once for every arm.
+    # clean interpreter that imports the trainer and transformers' Auto classes (4 CPU-seconds) once for every arm.
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["rstar_trainers.local.trainer"])
+    context.set_forkserver_preload(
+        [
+            "rstar_trainers.local.trainer",
+            "transformers.models.auto.modeling_auto",
+            "transformers.models.auto.tokenization_auto",
+        ]
+    )
     threads = max(1, (os.cpu_count() or 1) // jobs)
     messages, stopping = context.Queue(), context.Event()
     training: set[int] = set()  # pids of the arm processes in the middle of an arm
