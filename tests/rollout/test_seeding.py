@@ -302,7 +302,8 @@ def test_t_quantile_matches_the_table(p, df, table):
 
 
 def test_compare_in_parallel_processes_gives_what_one_process_gives(tmp_path, tiny):
-    """``jobs=2``: the arms train in spawned processes (from a model directory) with the same results."""
+    """``jobs=2``: the arms train in processes of their own (forked from a fork server, loading the model from its
+    directory) with the same results."""
     import json
 
     from rstar_trainers.local.compare import run_compare
