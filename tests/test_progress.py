@@ -47,7 +47,9 @@ def test_plain_progress_heartbeat_when_a_phase_is_silent():
     console, buffer = log_console()
     with RunProgress(console, heartbeat_s=0.2) as progress:
         progress.update("update", 0, 1, "step 3: updating the weights")
-        time.sleep(5.5)  # the heartbeat thread wakes at most every 5 s
+        deadline = time.monotonic() + 10  # a hang guard: the thread wakes every heartbeat_s (at most 5 s)
+        while "still working" not in buffer.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
     beats = [line for line in buffer.getvalue().splitlines() if "still working" in line]
     assert beats and beats[0].startswith("step 3: updating the weights: 0/1 (0%)")
 

@@ -293,7 +293,9 @@ def test_progress_lines_have_a_heartbeat():
     with reporter as log:
         log.update("eval", 0, 1000)
         log.update("eval", 1, 1000, text="pass@1 1.000")  # not a tenth: no line of its own
-        time.sleep(5.3)  # the heartbeat wakes at most every 5 s
+        deadline = time.monotonic() + 10  # a hang guard: the heartbeat wakes every heartbeat_s (at most 5 s)
+        while "pass@1 1.000" not in buffer.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
         log.update("eval", 100, 1000, text="pass@1 0.500")  # a tenth
     lines = buffer.getvalue().splitlines()
     assert lines[0].startswith("eval: 0/1000 (0%)")
