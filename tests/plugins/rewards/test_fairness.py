@@ -4,9 +4,9 @@
 the preemption signal. Before the fair queue, 14 such answers ahead of a correct one on 2 workers held the queue
 for longer than ``reward_timeout_s=20``: the correct answer and the last slow ones ended ``env_error``. The test
 runs that scenario shorter (8 slow answers at ``timeout_s=1.5``: each one's work is CPU burnt to its timeout) and
-checks what the first-come queue got wrong: the order in which the answers are scored. Every pool here starts
-without the parsers' warm-up (``warm_up=False``): the schedule is under test, and the warm-up would cost each pool
-1.7 CPU-seconds.
+checks what the first-come queue got wrong: the order in which the answers are scored. The pools whose correct
+answer must be verified within a probe or an attempt keep the parsers' warm-up: a cold worker parses more slowly,
+and on a loaded machine that once cost the correct answer its verdict. The others start without it (1.7 CPU-s).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def tower(k: int) -> str:
 @pytest.fixture
 def shared_reward() -> Iterator[MathReward]:
     # Half the default timeout_s (3.0): the finding's scenario at half its length, and half its CPU.
-    reward = MathReward(workers=2, cache_size=0, timeout_s=1.5, warm_up=False)
+    reward = MathReward(workers=2, cache_size=0, timeout_s=1.5)
     # The scenario is about the queue: start-up (seconds, more on a loaded machine) is paid before it.
     reward.start(wait=True)
     yield reward
@@ -45,7 +45,7 @@ def pool() -> Iterator[VerifierPool]:
     """One worker, 1.5 s timeout, 0.25 s probe, shared by the tests that leave it idle when they end (every
     comparison answered, no monkeypatch): a worker's start costs seconds of CPU, the scenarios do not need a fresh
     one. A slow answer that returns to the interpreter keeps its worker, so no test hands the next a restart."""
-    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25, warm_up=False) as shared:
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as shared:
         shared.start(wait=True)
         yield shared
 
@@ -139,7 +139,7 @@ def test_a_worker_that_reads_its_batch_late_still_yields_after_its_probe(monkeyp
         original(self, slot, tasks, first)
 
     monkeypatch.setattr(_Scheduler, "run_tasks", run_tasks_late)
-    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25, warm_up=False) as pool:
+    with VerifierPool(workers=1, timeout_s=1.5, probe_s=0.25) as pool:
         pool.start(wait=True)
         order: list[str] = []
         slow = pool.submit([(f"\\boxed{{{tower(5)}}}", "5")])[0]
