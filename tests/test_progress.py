@@ -78,12 +78,15 @@ def test_terminal_progress_prints_rows_above_the_bars():
 
 def test_a_step_table_prints_its_header_with_its_first_row_and_once(monkeypatch):
     """The header used to go out at the trainer's start, with model loading and held-out lines before any row."""
-    # A stopped clock: the elapsed time the held-out line prints is then exact, not a reading of this machine's.
-    monkeypatch.setattr("rstar_env.progress.time", types.SimpleNamespace(monotonic=lambda: 1000.0))
+    # The test's own clock, moved by hand: the held-out phase lasts 3.4 s of it, whatever this machine's speed.
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr("rstar_env.progress.time", types.SimpleNamespace(monotonic=lambda: clock.now))
     console, buffer = log_console()
     with RunProgress(console, every_s=3600) as progress:
         table = StepTable(progress, RL_COLUMNS, legend=RL_LEGEND)
         progress.print("loading the model")
+        progress.update("eval", 0, 4, "held-out episodes")
+        clock.now += 3.4
         progress.update("eval", 4, 4, "held-out episodes")
         assert buffer.getvalue().count(table_header(RL_COLUMNS)[0]) == 0
         table.add({"step": 1, "reward": 0.5})
@@ -93,7 +96,11 @@ def test_a_step_table_prints_its_header_with_its_first_row_and_once(monkeypatch)
     assert lines[start : start + 3] == [*table_header(RL_COLUMNS), RL_LEGEND]
     assert lines[start + 3] == table_row(RL_COLUMNS, {"step": 1, "reward": 0.5})
     assert lines[start + 4].split()[:2] == ["2", "0.750"] and len(lines) == start + 5
-    assert lines[:2] == ["loading the model", "held-out episodes: 4/4 (100%)  elapsed 0 s"]
+    assert lines[:3] == [
+        "loading the model",
+        "held-out episodes: 0/4 (0%)  elapsed 0 s",
+        "held-out episodes: 4/4 (100%)  elapsed 3 s",
+    ]
 
 
 def test_tables_fit_100_columns_with_honest_headers():
