@@ -10,8 +10,15 @@ LIGHT_POOL: dict[str, Any] = {"preload": [], "warmup": None}
 and sympy's warm-up). The default pool is what users run: tests of isolation, limits, memory and the default
 config keep it."""
 
-LIGHT_PYTHON: dict[str, Any] = {"name": "python", "options": {"sandbox_options": LIGHT_POOL}}
-"""The ``python`` tool on a light pool, as an env's ``tools`` entry."""
+
+def light_python(*, sandbox: dict[str, Any] | None = None, **python: Any) -> dict[str, Any]:
+    """The ``python`` tool (with ``python`` options) on a light pool (``sandbox``: more of its options), as an env's
+    ``tools`` entry."""
+    return {"name": "python", "options": {**python, "sandbox_options": {**LIGHT_POOL, **(sandbox or {})}}}
+
+
+LIGHT_PYTHON: dict[str, Any] = light_python()
+"""The ``python`` tool on a light pool, with its other options at their defaults."""
 
 
 def light_config(path: Path, *, sandbox: dict[str, Any] | None = None, **python: Any) -> Path:
@@ -20,9 +27,8 @@ def light_config(path: Path, *, sandbox: dict[str, Any] | None = None, **python:
     ``rstar-env serve env`` of the suite starts its own pool and verifier: 2.5 CPU-seconds less each."""
     import yaml
 
-    options = {**python, "sandbox_options": {**LIGHT_POOL, **(sandbox or {})}}
     config = {
-        "tools": [{"name": "python", "options": options}],
+        "tools": [light_python(sandbox=sandbox, **python)],
         "reward": {"name": "math", "options": {"warm_up": False}},
     }
     path.write_text(yaml.safe_dump(config))

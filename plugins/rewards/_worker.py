@@ -264,12 +264,16 @@ _WARM_UP: tuple[tuple[str, str], ...] = (
 """Pairs compared once at start-up to warm the parsers."""
 
 
-def warm() -> None:
-    """Import math-verify and bring its parsers to speed (in the template, once for every worker it forks)."""
+def load() -> None:
+    """Import math-verify (in the template, once for every worker it forks)."""
     # Everything math-verify logs is either handled here (timeouts) or noise (its "timeout disabled" warning).
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     import math_verify  # noqa: F401  (import before the memory limit: imports map shared libraries)
 
+
+def warm() -> None:
+    """Import math-verify and bring its parsers to speed (in the template, once for every worker it forks)."""
+    load()
     # The LaTeX parser (ANTLR) learns its prediction tables as it goes: a cold worker parses about twice as slowly
     # as a warm one. Warm it on the shapes answers take, once, before any worker is forked.
     for pred, gold in _WARM_UP:
@@ -334,11 +338,7 @@ def _reap(*_: object) -> None:
 def template(control: socket.socket, memory_mb: int, warm_up: bool = True) -> None:
     """Fork a worker for each request on ``control``; return when the pool closes it or goes away. Without
     ``warm_up``, math-verify is imported but its parsers are left cold (each worker warms its own as it goes)."""
-    if warm_up:
-        warm()
-    else:
-        logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-        import math_verify  # noqa: F401
+    warm() if warm_up else load()
     parent = os.getppid()
     signal.signal(signal.SIGCHLD, _reap)
     while True:

@@ -76,7 +76,7 @@ class _Template:
     worker is forked from it. Its standard input is one end of a Unix socket, on which the pool sends each new
     worker's pipe ends."""
 
-    def __init__(self, memory_mb: int, warm_up: bool = True) -> None:
+    def __init__(self, memory_mb: int, warm_up: bool) -> None:
         # stderr goes to an anonymous file rather than a pipe: a chatty worker can never block on a full pipe,
         # and a template that dies at start-up leaves its traceback for the error message.
         self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())

@@ -37,9 +37,8 @@ from rstar_env.trajectory import Trajectory, Turn
 
 from .._extras import require
 
-require(
-    "trl", "the TRL integration needs the trl extra: pip install 'rstar-env[trl]'"
-)  # imported by the tests, not here
+# The tests import trl; collection only finds it.
+require("trl", "the TRL integration needs the trl extra: pip install 'rstar-env[trl]'")
 
 ROWS = [{"problem": "What is 6 * 7?", "answer": "42"}, {"problem": "What is 2 + 3?", "answer": "5"}]
 

@@ -21,14 +21,8 @@ psutil = pytest.importorskip("psutil")
 httpx = pytest.importorskip("httpx")
 
 from rstar_env.bench.serve import READY, ServerProcess  # noqa: E402  (after the skips: the serve extra)
-from rstar_env.serve import import_openenv  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _openenv_without_gradio() -> None:
-    """OpenEnv's clients, imported by the tests, without its Gradio web UI (imported here, not at collection: every
-    test process collects this module, one runs it)."""
-    import_openenv()
+pytestmark = pytest.mark.usefixtures("openenv_clients")
 
 
 CALL = '<tool_call>\n{{"name": "python", "arguments": {{"code": "print({a} * {b})"}}}}\n</tool_call>'

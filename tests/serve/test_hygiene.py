@@ -24,14 +24,8 @@ require("openenv", "the serve extra: pip install -e '.[serve]'")
 httpx = pytest.importorskip("httpx")
 
 from rstar_env.bench.serve import ServerProcess  # noqa: E402  (after the skips: the serve extra)
-from rstar_env.serve import import_openenv  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _openenv_without_gradio() -> None:
-    """OpenEnv's clients, imported by the tests, without its Gradio web UI (imported here, not at collection: every
-    test process collects this module, one runs it)."""
-    import_openenv()
+pytestmark = pytest.mark.usefixtures("openenv_clients")
 
 
 ALICE, BOB = "alice-7f3c9e1d2b", "bob-0a8e55c4f1"
