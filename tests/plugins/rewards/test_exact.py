@@ -56,7 +56,8 @@ def default(math_reward: MathReward) -> MathReward:
 
 @pytest.fixture(scope="module")
 def exact() -> Iterator[MathReward]:
-    with MathReward(workers=1, cache_size=0, exact_symbolic=True) as reward:
+    # Without the parsers' warm-up, as conftest's default: a dozen answers within the default 3 s limit.
+    with MathReward(workers=1, cache_size=0, exact_symbolic=True, warm_up=False) as reward:
         yield reward
 
 
