@@ -7,20 +7,24 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-
-# The test servers and stand-ins are the separate `rstar-env-testkit` distribution (testkit/, installed by
-# `scripts/setup.sh --dev`); a checkout where it is not installed still finds it here.
-if importlib.util.find_spec("rstar_env_testkit") is None:
-    sys.path.append(str(Path(__file__).resolve().parent.parent / "testkit"))
 
 from rstar_env.plugins import register, unregister
 from rstar_env.runtime import runtime
 from rstar_env.tool import EpisodeContext, function_schema
 from rstar_env.trajectory import RewardResult, ToolResult
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The test servers and stand-ins are the separate `rstar-env-testkit` distribution (testkit/): installed, as
+    # subprocesses of the tests import it too, never found through an edited sys.path.
+    if importlib.util.find_spec("rstar_env_testkit") is None:
+        raise pytest.UsageError(
+            "the test servers and stand-ins (rstar_env_testkit, in testkit/) are not installed for "
+            f"{sys.executable}: run `bash scripts/setup.sh --dev`, or `pip install -e ./testkit`"
+        )
 
 
 class EchoTool:
