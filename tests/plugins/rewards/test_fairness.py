@@ -52,8 +52,8 @@ def pool() -> Iterator[VerifierPool]:
 
 def test_slow_answers_do_not_push_a_correct_one_out_of_scoring(shared_reward: MathReward) -> None:
     # First come, the correct answer would wait 2 rounds of two slow answers run to their 1.5 s timeouts, and end
-    # last. Fair, every verdict comes within 2 * timeout_s (3 s), well inside reward_timeout_s. (Four slow answers
-    # tell the two orders apart as well as eight did, at half the CPU: each runs to its timeout either way.)
+    # last. Fair, every verdict comes within the pool's 4 * timeout_s (6 s), well inside reward_timeout_s. (Four slow
+    # answers tell the two orders apart as well as eight did, at half the CPU: each runs to its timeout either way.)
     envs = [make_env(tools=[], reward=shared_reward, reward_timeout_s=10) for _ in range(5)]
     answers = [tower(k) for k in range(5, 9)] + ["\\frac{x^2-1}{x-1}"]
     golds = ["5"] * 4 + ["x+1"]
